@@ -1,0 +1,317 @@
+"""Logged ranking data: a frozen, validated pytree, and row-wise helpers.
+
+``LoggedData`` holds ``n`` logged rounds ``(x_i, a_i, r_i)`` from a logging policy pi_0
+with the logging propensities the off-policy estimators need. It is validated once, at
+construction with concrete arrays; inside ``jit``/``vmap`` (tracers) validation is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+__all__ = ["LoggedData", "train_val_split", "minibatches", "dcg_position_weights"]
+
+
+def dcg_position_weights(n_slots: int) -> jax.Array:
+    """DCG position weights ``alpha_l = 1 / log2(l + 1)``, ``l = 1..L``.
+
+    Returns:
+      float32 ``[L]``.
+
+    Examples:
+      >>> [round(float(a), 4) for a in dcg_position_weights(3)]
+      [1.0, 0.6309, 0.5]
+    """
+    return 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+
+
+class LoggedData(struct.PyTreeNode):
+    """``n`` logged rankings with position-wise rewards and logging propensities.
+
+    Attributes:
+      context: ``[n, dx]`` float32 contexts x_i.
+      ranking: ``[n, L]`` int32 item indices a_i (best first) in ``[0, D)``, no repeats.
+      reward: ``[n, L]`` float32 position rewards r_il (finite).
+      log_pi0_prefix: ``[n, L]`` float32 ``log pi_0(a_{i,1:l} | x_i)``: finite, ``<= 0``,
+        non-increasing along slots (RIPS, R-POD's top-k weights, IPS at ``l = L``).
+      position_weight: ``[L]`` float32 alpha_l >= 0 (DCG by default in the simulators).
+      n_items: ``D``, the number of candidate items (static).
+      log_pi0_position_marginal: optional ``[n, L]`` float32
+        ``log P_0(a_l = a_il | x_i)``, finite, ``<= 0`` (IIPS).
+      item_features: optional ``[D, di]`` (shared) or ``[n, D, di]`` float32.
+      item_mask: optional ``[n, D]`` bool, True for real candidates.
+    """
+
+    context: jax.Array  # [n, dx] float32
+    ranking: jax.Array  # [n, L] int32
+    reward: jax.Array  # [n, L] float32
+    log_pi0_prefix: jax.Array  # [n, L] float32, log pi_0(a_{1:l} | x)
+    position_weight: jax.Array  # [L] float32
+    n_items: int = struct.field(pytree_node=False)
+    log_pi0_position_marginal: jax.Array | None = None  # [n, L] float32
+    item_features: jax.Array | None = None  # [D, di] or [n, D, di] float32
+    item_mask: jax.Array | None = None  # [n, D] bool
+
+    def __post_init__(self) -> None:
+        if _is_concrete(self):
+            _validate(self)
+
+    # -- shape accessors -------------------------------------------------------------
+    @property
+    def n_rounds(self) -> int:
+        """``n``."""
+        return int(self.ranking.shape[0])
+
+    @property
+    def ranking_length(self) -> int:
+        """``L``."""
+        return int(self.ranking.shape[1])
+
+    def __len__(self) -> int:
+        return self.n_rounds
+
+    # -- rows ------------------------------------------------------------------------
+    def take(self, rows: Any) -> "LoggedData":
+        """The rounds ``rows`` (an index array, slice or bool mask) as a new LoggedData."""
+        per_row = {
+            "context": self.context[rows],
+            "ranking": self.ranking[rows],
+            "reward": self.reward[rows],
+            "log_pi0_prefix": self.log_pi0_prefix[rows],
+        }
+        if self.log_pi0_position_marginal is not None:
+            per_row["log_pi0_position_marginal"] = self.log_pi0_position_marginal[rows]
+        if self.item_mask is not None:
+            per_row["item_mask"] = self.item_mask[rows]
+        if self.item_features is not None and self.item_features.ndim == 3:
+            per_row["item_features"] = self.item_features[rows]
+        return self.replace(**per_row)
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-Python summary: sizes, reward statistics, propensity ranges."""
+        reward = np.asarray(self.reward, dtype=np.float64)
+        weighted = reward @ np.asarray(self.position_weight, dtype=np.float64)
+        lp = np.asarray(self.log_pi0_prefix, dtype=np.float64)
+        out: dict[str, Any] = {
+            "n": self.n_rounds,
+            "D": self.n_items,
+            "L": self.ranking_length,
+            "dx": int(self.context.shape[1]),
+            "mean_weighted_reward": float(weighted.mean()),
+            "se_weighted_reward": float(weighted.std(ddof=1) / np.sqrt(max(len(weighted), 1)))
+            if len(weighted) > 1
+            else float("nan"),
+            "reward_mean_by_slot": [float(v) for v in reward.mean(axis=0)],
+            "reward_std": float(reward.std()),
+            "reward_min": float(reward.min()),
+            "reward_max": float(reward.max()),
+            "log_pi0_ranking_min": float(lp[:, -1].min()),
+            "log_pi0_ranking_max": float(lp[:, -1].max()),
+            "pi0_top1_min": float(np.exp(lp[:, 0].min())),
+            "pi0_top1_max": float(np.exp(lp[:, 0].max())),
+        }
+        if self.log_pi0_position_marginal is not None:
+            marg = np.exp(np.asarray(self.log_pi0_position_marginal, dtype=np.float64))
+            out["pi0_position_marginal_min"] = float(marg.min())
+            out["pi0_position_marginal_max"] = float(marg.max())
+        return out
+
+    # -- persistence -----------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write to ``path`` (``.npz``) atomically: a temporary file, then a rename."""
+        arrays = {
+            name: np.asarray(getattr(self, name))
+            for name in _ARRAY_FIELDS
+            if getattr(self, name) is not None
+        }
+        arrays["n_items"] = np.asarray(self.n_items)
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp.npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LoggedData":
+        """Read what :meth:`save` wrote (validated again)."""
+        with np.load(path) as f:
+            fields = {name: jnp.asarray(f[name]) for name in _ARRAY_FIELDS if name in f.files}
+            return cls(n_items=int(f["n_items"]), **fields)
+
+
+_REQUIRED_FIELDS = ("context", "ranking", "reward", "log_pi0_prefix", "position_weight")
+_ARRAY_FIELDS = (
+    "context",
+    "ranking",
+    "reward",
+    "log_pi0_prefix",
+    "position_weight",
+    "log_pi0_position_marginal",
+    "item_features",
+    "item_mask",
+)
+
+
+def _is_concrete(data: LoggedData) -> bool:
+    """True unless a field is a tracer or a non-array placeholder (jit, vmap, tree ops)."""
+    for name in _ARRAY_FIELDS:
+        value = getattr(data, name)
+        if value is None:
+            continue
+        if isinstance(value, jax.core.Tracer) or not hasattr(value, "shape"):
+            return False
+    return True
+
+
+def _fail(field: str, problem: str) -> None:
+    raise ValueError(f"LoggedData.{field}: {problem}")
+
+
+def _check_finite(field: str, value: np.ndarray) -> None:
+    bad = ~np.isfinite(value)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        _fail(field, f"{int(bad.sum())} non-finite value(s) (NaN or inf), first in row {row}")
+
+
+def _validate(data: LoggedData) -> None:
+    """Vectorised checks with messages naming the field; raises ``ValueError``."""
+    for name in _REQUIRED_FIELDS:
+        if getattr(data, name) is None:
+            _fail(name, "is required (got None)")
+    ranking = np.asarray(data.ranking)
+    if ranking.ndim != 2:
+        _fail("ranking", f"must be [n, L], got shape {ranking.shape}")
+    n, n_slots = ranking.shape
+    if n == 0:
+        _fail("ranking", "has no rows (n = 0)")
+    if not np.issubdtype(ranking.dtype, np.integer):
+        _fail("ranking", f"must hold integer item indices, got dtype {ranking.dtype}")
+    if not isinstance(data.n_items, (int, np.integer)) or data.n_items < 1:
+        _fail("n_items", f"must be a positive int, got {data.n_items!r}")
+    if n_slots < 1 or n_slots > data.n_items:
+        _fail("ranking", f"length L={n_slots} must be in [1, n_items={data.n_items}]")
+    if ranking.min() < 0 or ranking.max() >= data.n_items:
+        bad = np.argwhere((ranking < 0) | (ranking >= data.n_items))[0]
+        _fail(
+            "ranking",
+            f"item indices must be in [0, {data.n_items}); row {bad[0]} slot {bad[1]} "
+            f"holds {ranking[bad[0], bad[1]]}",
+        )
+    if n_slots > 1:
+        srt = np.sort(ranking, axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        if dup.any():
+            row = int(np.argmax(dup))
+            _fail("ranking", f"repeats an item within a row ({int(dup.sum())} rows), first row {row}: {ranking[row].tolist()}")
+
+    context = np.asarray(data.context)
+    if context.ndim != 2 or context.shape[0] != n:
+        _fail("context", f"must be [n={n}, dx], got shape {context.shape}")
+    _check_finite("context", context)
+
+    for name in ("reward", "log_pi0_prefix", "log_pi0_position_marginal"):
+        value = getattr(data, name)
+        if value is None:
+            continue
+        value = np.asarray(value)
+        if value.shape != (n, n_slots):
+            _fail(name, f"must be [n, L] = {(n, n_slots)}, got shape {value.shape}")
+        _check_finite(name, value)
+    log_prefix = np.asarray(data.log_pi0_prefix)
+    if (log_prefix > 1e-5).any():
+        row = int(np.argwhere(log_prefix > 1e-5)[0][0])
+        _fail("log_pi0_prefix", f"log-propensities must be <= 0 (propensities in (0, 1]); row {row} has {log_prefix[row].tolist()}")
+    if n_slots > 1 and (np.diff(log_prefix, axis=1) > 1e-4).any():
+        row = int(np.argwhere(np.diff(log_prefix, axis=1) > 1e-4)[0][0])
+        _fail("log_pi0_prefix", f"prefix log-probabilities must be non-increasing along slots; row {row} has {log_prefix[row].tolist()}")
+    if data.log_pi0_position_marginal is not None:
+        marg = np.asarray(data.log_pi0_position_marginal)
+        if (marg > 1e-5).any():
+            row = int(np.argwhere(marg > 1e-5)[0][0])
+            _fail("log_pi0_position_marginal", f"log-probabilities must be <= 0; row {row} has {marg[row].tolist()}")
+
+    weight = np.asarray(data.position_weight)
+    if weight.shape != (n_slots,):
+        _fail("position_weight", f"must be [L] = ({n_slots},), got shape {weight.shape}")
+    _check_finite("position_weight", weight)
+    if (weight < 0).any():
+        _fail("position_weight", f"must be non-negative, got {weight.tolist()}")
+
+    if data.item_mask is not None:
+        mask = np.asarray(data.item_mask)
+        if mask.shape != (n, data.n_items) or mask.dtype != np.bool_:
+            _fail("item_mask", f"must be bool [n, D] = {(n, data.n_items)}, got {mask.dtype} {mask.shape}")
+        if not np.take_along_axis(mask, ranking, axis=1).all():
+            row = int(np.argwhere(~np.take_along_axis(mask, ranking, axis=1))[0][0])
+            _fail("item_mask", f"row {row} ranks a masked-out item")
+    if data.item_features is not None:
+        feats = np.asarray(data.item_features)
+        ok = (feats.ndim == 2 and feats.shape[0] == data.n_items) or (
+            feats.ndim == 3 and feats.shape[:2] == (n, data.n_items)
+        )
+        if not ok:
+            _fail("item_features", f"must be [D, di] or [n, D, di] with D={data.n_items}, n={n}; got shape {feats.shape}")
+        _check_finite("item_features", feats)
+
+
+def train_val_split(
+    data: LoggedData, key: jax.Array, val_fraction: float = 0.2
+) -> tuple[LoggedData, LoggedData]:
+    """Random split by row into (train, validation).
+
+    Args:
+      data: the logged data.
+      key: PRNG key for the permutation.
+      val_fraction: share of rows in the validation part, in (0, 1).
+
+    Returns:
+      ``(train, validation)``, both non-empty.
+    """
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n = data.n_rounds
+    n_val = int(round(n * val_fraction))
+    if n_val < 1 or n_val >= n:
+        raise ValueError(f"val_fraction={val_fraction} of n={n} rows leaves an empty part")
+    perm = np.asarray(jax.random.permutation(key, n))
+    return data.take(np.sort(perm[n_val:])), data.take(np.sort(perm[:n_val]))
+
+
+def minibatches(
+    data: LoggedData, key: jax.Array, batch_size: int, *, drop_last: bool = True
+) -> Iterator[LoggedData]:
+    """Shuffled minibatches of rows, one pass (an epoch).
+
+    Args:
+      data: the logged data.
+      key: PRNG key for the shuffle.
+      batch_size: rows per batch, ``>= 1``. With ``drop_last`` every batch has exactly
+        this size (fixed shapes: the jitted step compiles once); the remainder is dropped.
+      drop_last: keep (False) or drop (True) a smaller final batch.
+
+    Yields:
+      LoggedData batches.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = data.n_rounds
+    if drop_last and batch_size > n:
+        raise ValueError(f"batch_size={batch_size} exceeds the number of rows n={n}")
+    perm = np.asarray(jax.random.permutation(key, n))
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
+        yield data.take(perm[start : start + batch_size])

@@ -1,0 +1,22 @@
+"""Simulators of logged ranking feedback (depend on opl_rank's math and data layers only)."""
+
+from simulators.logging_policies import (
+    CallableLogging,
+    PlackettLuceLinear,
+    UniformLogging,
+    as_logging_policy,
+)
+from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
+from simulators.synthetic import SyntheticRankingEnv, SyntheticRewardModel
+
+__all__ = [
+    "CallableLogging",
+    "PlackettLuceLinear",
+    "UniformLogging",
+    "as_logging_policy",
+    "PolicyValue",
+    "evaluate_policy",
+    "rollout_logging_policy",
+    "SyntheticRankingEnv",
+    "SyntheticRewardModel",
+]

@@ -1,0 +1,269 @@
+"""The R-POD paper's synthetic ranking environment (Eqs. 14-15, NOTES section 1).
+
+Contexts ``x ~ N(0, I_dx)``. Position-wise expected reward of ranking ``a``:
+
+    q_l(x, a) = theta_{a_l}^T x + b_{a_l} + lambda * sum_{m != l} W(a_m, a_l),
+
+realised per logged row and slot as ``base + 1{X_l <= lambda} * sum_{m != l} W(a_m, a_l)``
+with ``X_l ~ U(0, 1)``, then ``r_l ~ N(q_l, sigma^2)``. All noise is drawn fresh for every
+row, slot and call. The paper leaves ``b`` and ``W`` unspecified; our defaults are
+``b_a ~ N(0, 1)`` and a symmetric ``W`` with ``N(0, interaction_scale^2)`` entries and a
+zero diagonal. The logging policy is PL with logits ``(theta0_a^T x + b0_a) / tau``,
+``theta0, b0 ~ U(0, 1)`` (Eq. 15), or any other logging policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from opl_rank import plackett_luce as pl
+from opl_rank.data import LoggedData, dcg_position_weights
+from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
+from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
+
+__all__ = ["SyntheticRewardModel", "SyntheticRankingEnv"]
+
+
+class SyntheticRewardModel(struct.PyTreeNode):
+    """Ground-truth rewards of the synthetic environment (a pytree: ``lambda`` and
+    ``sigma`` are arrays, so new values do not recompile).
+
+    Attributes:
+      theta: ``[D, dx]`` item coefficients theta_a ~ N(0, I).
+      bias: ``[D]`` item biases b_a.
+      interaction: ``[D, D]`` W(a_m, a_l), symmetric, zero diagonal.
+      lam: ``[]`` interaction strength lambda in [0, 1].
+      sigma: ``[]`` reward noise standard deviation.
+    """
+
+    theta: jax.Array  # [D, dx]
+    bias: jax.Array  # [D]
+    interaction: jax.Array  # [D, D]
+    lam: jax.Array  # []
+    sigma: jax.Array  # []
+
+    def base_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        """``theta_{a_l}^T x + b_{a_l}``: ``[n, dx], [n, L] -> [n, L]``."""
+        per_item = context @ self.theta.T + self.bias[None, :]  # [n, D]
+        return jnp.take_along_axis(per_item, rankings, axis=-1)
+
+    def interaction_sum(self, rankings: jax.Array) -> jax.Array:
+        """``sum_{m != l} W(a_m, a_l)``: ``[n, L] -> [n, L]`` (W has a zero diagonal)."""
+        pair = self.interaction[rankings[..., :, None], rankings[..., None, :]]  # [n, L(m), L(l)]
+        return jnp.sum(pair, axis=-2)
+
+    def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
+        return self.base_reward(context, rankings) + self.lam * self.interaction_sum(rankings)
+
+    def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        """Realised ``r_l``: ``[n, dx], [n, L] -> [n, L]``; fresh X_l and noise per call."""
+        k_switch, k_noise = jax.random.split(key)
+        switch = jax.random.uniform(k_switch, rankings.shape) <= self.lam  # 1{X_l <= lambda}
+        mean = self.base_reward(context, rankings) + jnp.where(
+            switch, self.interaction_sum(rankings), 0.0
+        )
+        return mean + self.sigma * jax.random.normal(k_noise, rankings.shape, jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticRankingEnv:
+    """Synthetic OPL-for-ranking environment with a logging policy.
+
+    Build with :meth:`create`. ``D`` = ``n_items``, ``L`` = ``ranking_length``.
+
+    Examples:
+      >>> import jax
+      >>> env = SyntheticRankingEnv.create(jax.random.key(0), n_items=6, ranking_length=3)
+      >>> data = env.sample_logged_data(jax.random.key(1), 100)
+      >>> data.ranking.shape, data.reward.shape
+      ((100, 3), (100, 3))
+    """
+
+    reward_model: SyntheticRewardModel
+    logging_policy: Callable[[jax.Array, jax.Array | None], jax.Array]
+    position_weight: jax.Array  # [L]
+    item_features: jax.Array  # [D, D]: one-hot item identities, passed to logging policies
+    n_items: int
+    ranking_length: int
+    context_dim: int
+
+    @classmethod
+    def create(
+        cls,
+        key: jax.Array,
+        *,
+        n_items: int = 10,
+        ranking_length: int = 5,
+        context_dim: int = 5,
+        lam: float = 0.5,
+        sigma: float = 0.5,
+        interaction_scale: float = 1.0,
+        bias_scale: float = 1.0,
+        position_weight: Any = None,
+        logging_temperature: float = 1.0,
+        logging_policy: Any = None,
+    ) -> "SyntheticRankingEnv":
+        """Draw an environment.
+
+        Args:
+          key: PRNG key for theta, b, W and the default logging policy's parameters.
+          n_items: ``D``, candidate items (>= 1).
+          ranking_length: ``L`` in ``[1, D]``.
+          context_dim: ``dx`` (the paper: 5).
+          lam: interaction strength lambda in [0, 1].
+          sigma: reward noise standard deviation (the paper: 0.5), >= 0.
+          interaction_scale: standard deviation of W's entries (ours: 1).
+          bias_scale: standard deviation of b_a (ours: 1).
+          position_weight: ``[L]`` alpha, non-negative (default DCG 1/log2(l+1)).
+          logging_temperature: tau of the default PL-linear logging policy (> 0).
+          logging_policy: None (PL linear, U(0,1) coefficients, ``logging_temperature``),
+            ``"uniform"``, or any callable ``(context [n, dx], item_features [D, D]) ->
+            logits [n, D]``.
+
+        Returns:
+          The environment.
+        """
+        _check_int("n_items", n_items, 1)
+        _check_int("ranking_length", ranking_length, 1)
+        _check_int("context_dim", context_dim, 1)
+        if ranking_length > n_items:
+            raise ValueError(f"ranking_length={ranking_length} must be <= n_items={n_items}")
+        if not 0.0 <= lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {lam}")
+        for name, value in (("sigma", sigma), ("interaction_scale", interaction_scale), ("bias_scale", bias_scale)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        if not (math.isfinite(logging_temperature) and logging_temperature > 0):
+            raise ValueError(f"logging_temperature must be > 0, got {logging_temperature}")
+        if position_weight is None:
+            position_weight = dcg_position_weights(ranking_length)
+        position_weight = jnp.asarray(position_weight, jnp.float32)
+        if position_weight.shape != (ranking_length,):
+            raise ValueError(f"position_weight must have shape (L,) = ({ranking_length},), got {position_weight.shape}")
+        if not bool(jnp.all(jnp.isfinite(position_weight))) or bool(jnp.any(position_weight < 0)):
+            raise ValueError(f"position_weight must be finite and non-negative, got {position_weight.tolist()}")
+
+        k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
+        w = jax.random.normal(k_w, (n_items, n_items), jnp.float32) * interaction_scale
+        w = jnp.triu(w, 1)
+        reward_model = SyntheticRewardModel(
+            theta=jax.random.normal(k_theta, (n_items, context_dim), jnp.float32),
+            bias=jax.random.normal(k_bias, (n_items,), jnp.float32) * bias_scale,
+            interaction=w + w.T,
+            lam=jnp.asarray(lam, jnp.float32),
+            sigma=jnp.asarray(sigma, jnp.float32),
+        )
+        if logging_policy is None:
+            logging_policy = PlackettLuceLinear.random(k_log, n_items, context_dim, logging_temperature)
+        elif isinstance(logging_policy, str):
+            if logging_policy != "uniform":
+                raise ValueError(f"logging_policy must be None, 'uniform' or a callable, got {logging_policy!r}")
+            logging_policy = UniformLogging(n_items)
+        else:
+            logging_policy = as_logging_policy(logging_policy, n_items)
+        return cls(
+            reward_model=reward_model,
+            logging_policy=logging_policy,
+            position_weight=position_weight,
+            item_features=jnp.eye(n_items, dtype=jnp.float32),
+            n_items=n_items,
+            ranking_length=ranking_length,
+            context_dim=context_dim,
+        )
+
+    # -- variations without redrawing parameters -----------------------------------------
+    def with_lambda(self, lam: float) -> "SyntheticRankingEnv":
+        """The same items and logging policy with another interaction strength."""
+        if not 0.0 <= lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {lam}")
+        return dataclasses.replace(
+            self, reward_model=self.reward_model.replace(lam=jnp.asarray(lam, jnp.float32))
+        )
+
+    # -- sampling ------------------------------------------------------------------------
+    def sample_contexts(self, key: jax.Array, n: int) -> jax.Array:
+        """``x ~ N(0, I)``: float32 ``[n, dx]``."""
+        return jax.random.normal(key, (n, self.context_dim), jnp.float32)
+
+    def logging_logits(self, context: jax.Array) -> jax.Array:
+        """The logging policy's PL logits ``[n, D]``."""
+        return self.logging_policy(context, self.item_features)
+
+    def sample_logged_data(
+        self, key: jax.Array, n: int, *, position_marginals: str = "none"
+    ) -> LoggedData:
+        """Log ``n`` rounds of the logging policy.
+
+        Args:
+          key: PRNG key.
+          n: rows.
+          position_marginals: ``"exact"`` also stores ``log P_0(a_l = a_il | x)`` (for IIPS),
+            computed exactly by the exponential-race quadrature; ``"none"`` skips it.
+
+        Returns:
+          Validated :class:`~opl_rank.data.LoggedData`.
+        """
+        arrays = rollout_logging_policy(
+            key,
+            n,
+            sample_contexts=self.sample_contexts,
+            logging_logits=self.logging_logits,
+            reward_model=self.reward_model,
+            n_items=self.n_items,
+            n_slots=self.ranking_length,
+            position_marginals=position_marginals,
+        )
+        return LoggedData(
+            position_weight=self.position_weight,
+            n_items=self.n_items,
+            item_features=self.item_features,
+            **{k: jnp.asarray(v) for k, v in arrays.items()},
+        )
+
+    # -- ground truth ----------------------------------------------------------------------
+    def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
+        return self.reward_model.expected_reward(context, rankings)
+
+    def policy_value(self, policy: Any, key: jax.Array, n_contexts: int = 100_000) -> PolicyValue:
+        """Ground-truth ``V(pi)`` by Monte Carlo over fresh contexts (exact q, no noise).
+
+        Args:
+          policy: ``(key, context [n, dx]) -> rankings [n, L]`` or an object with ``sample``.
+          key: PRNG key.
+          n_contexts: contexts drawn.
+        """
+        return evaluate_policy(
+            policy,
+            key,
+            n_contexts,
+            sample_contexts=self.sample_contexts,
+            reward_model=self.reward_model,
+            position_weight=self.position_weight,
+            n_items=self.n_items,
+        )
+
+    def logging_policy_sampler(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """``(key, context) -> rankings``: samples the logging policy."""
+
+        def sample(key: jax.Array, context: jax.Array) -> jax.Array:
+            return pl.sample_rankings(key, self.logging_logits(context), self.ranking_length)
+
+        return sample
+
+    def logging_policy_value(self, key: jax.Array, n_contexts: int = 100_000) -> PolicyValue:
+        """Ground-truth ``V(pi_0)`` of the logging policy."""
+        return self.policy_value(self.logging_policy_sampler(), key, n_contexts)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
