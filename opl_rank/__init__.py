@@ -3,7 +3,7 @@
 ``import opl_rank`` needs only jax, flax, optax and numpy.
 """
 
-from opl_rank import plackett_luce
+from opl_rank import ltr_estimators, plackett_luce
 from opl_rank.data import LoggedData, dcg_position_weights, minibatches, train_val_split
 from opl_rank.plackett_luce import (
     PositionMarginals,
@@ -25,6 +25,7 @@ from opl_rank.prng import make_key, split_seed
 __version__ = "0.1.0"
 
 __all__ = [
+    "ltr_estimators",
     "plackett_luce",
     "LoggedData",
     "dcg_position_weights",

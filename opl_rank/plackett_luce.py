@@ -28,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "valid_items",
+    "one_hot_rankings",
     "safe_logsumexp",
     "sample_rankings",
     "slot_log_probs",
@@ -88,7 +89,7 @@ def _safe_logaddexp(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.where(pos, jnp.log(jnp.where(pos, s, 1.0)) + m_safe, _NEG_INF)
 
 
-def _one_hot_rankings(rankings: jax.Array, n_items: int) -> jax.Array:
+def one_hot_rankings(rankings: jax.Array, n_items: int) -> jax.Array:
     """Bool ``[.., L, D]``: ``out[.., l, d] = rankings[.., l] == d``."""
     items = jnp.arange(n_items, dtype=rankings.dtype).reshape((1,) * rankings.ndim + (n_items,))
     return rankings[..., :, None] == items
@@ -190,7 +191,7 @@ def slot_log_probs(
     rel = jnp.where(later, ranked[..., None, :] - ranked_safe[..., :, None], _NEG_INF)
     ranked_term = safe_logsumexp(rel, axis=-1)  # >= 0 at valid slots (m = l gives 0)
     # Items never ranked: max_rest - s_l + log sum e^{s_d - max_rest}.
-    never = jnp.logical_and(valid, ~jnp.any(_one_hot_rankings(rankings, logits.shape[-1]), axis=-2))
+    never = jnp.logical_and(valid, ~jnp.any(one_hot_rankings(rankings, logits.shape[-1]), axis=-2))
     rest = jnp.where(never, logits, _NEG_INF)
     rest_max = jnp.max(rest, axis=-1, keepdims=True)
     has_rest = jnp.isfinite(rest_max)
@@ -245,7 +246,7 @@ def placement_log_probs(
     logits = logits.astype(jnp.float32)
     rankings = rankings.astype(jnp.int32)
     valid = valid_items(logits, where)
-    one_hot = _one_hot_rankings(rankings, logits.shape[-1])
+    one_hot = one_hot_rankings(rankings, logits.shape[-1])
     # placed_before[.., l, d]: d is among a_{1:l-1} (exclusive cumulative "or" over slots).
     placed_before = (jnp.cumsum(one_hot, axis=-2, dtype=jnp.int32) - one_hot.astype(jnp.int32)) > 0
     available = jnp.logical_and(valid[..., None, :], ~placed_before)  # [.., L, D]

@@ -6,6 +6,7 @@ from simulators.logging_policies import (
     UniformLogging,
     as_logging_policy,
 )
+from simulators.letor import LetorData, load_letor, normalize_per_query, split_queries, take_queries
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 from simulators.synthetic import SyntheticRankingEnv, SyntheticRewardModel
 
@@ -14,6 +15,11 @@ __all__ = [
     "PlackettLuceLinear",
     "UniformLogging",
     "as_logging_policy",
+    "LetorData",
+    "load_letor",
+    "normalize_per_query",
+    "split_queries",
+    "take_queries",
     "PolicyValue",
     "evaluate_policy",
     "rollout_logging_policy",

@@ -1,0 +1,395 @@
+"""Policy-gradient estimators for Plackett-Luce rankers (exposure paper, Secs. 3.5-5, App. A).
+
+Each estimator is a function of ``logits [.., D]`` returning a value whose ``jax.grad``
+is that estimator's gradient (the "magic box": the value is the stop-gradient estimate,
+the gradient comes from a surrogate). Utilities are ``U(pi) = E_y sum_k theta_k rho_{y_k}``
+with ``theta`` the ``[K]`` position weights and ``rho`` per-document rewards (relevance);
+exposure is ``theta_d = E_y[theta_{rank(d)}]`` (Eq. 4), a ``[.., D]`` vector whose Jacobian
+is the exposure estimator.
+
+All of them sample ``N`` top-K rankings per query with :func:`plackett_luce.sample_rankings`
+and use the shared prefix/placement functions of :mod:`opl_rank.plackett_luce` (float32, log
+space, masks). Leave-one-out baselines (Eq. 20) are over the ``N`` samples of a query and
+are on by default (``baseline=False`` turns them off). Samples are drawn from the
+stop-gradient logits; gradients flow only through the log-probabilities.
+
+Estimators (gradient of the expected utility):
+  standard_utility            Eq. 23: complete rankings as actions.
+  placement_utility           Eq. 25: rankings as placement trajectories.
+  marginalize_first_utility   Eq. 27: exact first position, sampled rest.
+  marginalize_all_utility     Eq. 30: every position marginalized over sampled prefixes.
+  exposure                    Eqs. 32-33 (``corrected=False``: the published Eq. 33,
+                              biased with baselines) or App. A Eqs. 36-39 / Figure 8
+                              (``corrected=True``, default: a (K+1)-th "not placed" outcome).
+  exposure_utility            Eq. 35: rho . exposure.
+  plrank3_utility             Eq. 21: PL-Rank-3 custom gradient (baseline method; float32
+                              overflows at large logits, as the paper reports).
+  sampled_policy_gradient     the score-function estimator for any ranking-level reward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from opl_rank import plackett_luce as pl
+
+__all__ = [
+    "ESTIMATORS",
+    "standard_utility",
+    "placement_utility",
+    "marginalize_first_utility",
+    "marginalize_all_utility",
+    "exposure",
+    "exposure_utility",
+    "plrank3_utility",
+    "sampled_policy_gradient",
+    "leave_one_out_mean",
+]
+
+sg = jax.lax.stop_gradient
+
+
+def _magic_box(value: jax.Array, surrogate: jax.Array) -> jax.Array:
+    """Value of ``value``, gradient of ``surrogate``."""
+    return sg(value) + surrogate - sg(surrogate)
+
+
+def leave_one_out_mean(x: jax.Array) -> jax.Array:
+    """``b_i = 1/(N-1) sum_{j != i} x_j`` over the leading (sample) axis (Eq. 20).
+
+    Args:
+      x: ``[N, ..]`` with ``N >= 2``.
+
+    Returns:
+      ``[N, ..]``, without gradient.
+    """
+    n = x.shape[0]
+    total = jnp.sum(x, axis=0, keepdims=True)
+    return sg((total - x) / (n - 1))
+
+
+class _Samples:
+    """Sampled top-K rankings with their log-probabilities (differentiable in logits)."""
+
+    def __init__(self, logits, key, n_slots, n_samples, where):
+        batch = logits.shape
+        self.n_samples = n_samples
+        self.logits = jnp.broadcast_to(logits.astype(jnp.float32), (n_samples,) + batch)
+        self.where = None if where is None else jnp.broadcast_to(where, (n_samples,) + batch)
+        self.rankings = pl.sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)
+        valid = pl.valid_items(self.logits, self.where)
+        self.slot_valid = jnp.take_along_axis(valid, self.rankings, axis=-1)  # [N, .., K]
+        self.valid = valid  # [N, .., D]
+
+    def log_prefix(self) -> jax.Array:
+        """``[N, .., K]`` log pi(y_{1:k})."""
+        return pl.prefix_log_probs(self.logits, self.rankings, where=self.where)
+
+    def log_prefix_before(self) -> jax.Array:
+        """``[N, .., K]`` log pi(y_{1:k-1}) (0 at k = 1)."""
+        lp = self.log_prefix()
+        return jnp.concatenate([jnp.zeros_like(lp[..., :1]), lp[..., :-1]], axis=-1)
+
+    def placement(self) -> jax.Array:
+        """``[N, .., K, D]`` pi(d | y_{1:k-1})."""
+        return jnp.exp(pl.placement_log_probs(self.logits, self.rankings, where=self.where))
+
+    def ranked(self, per_item: jax.Array) -> jax.Array:
+        """``[.., D] -> [N, .., K]`` values of the ranked documents (0 at padding slots)."""
+        per_item = jnp.broadcast_to(per_item.astype(jnp.float32), self.logits.shape)
+        return jnp.where(self.slot_valid, jnp.take_along_axis(per_item, self.rankings, axis=-1), 0.0)
+
+
+def _check(position_weight: jax.Array, n_items: int, n_samples: int, baseline: bool) -> int:
+    if position_weight.ndim != 1:
+        raise ValueError(f"position_weight must be [K], got shape {position_weight.shape}")
+    n_slots = position_weight.shape[0]
+    if not 1 <= n_slots <= n_items:
+        raise ValueError(f"len(position_weight) = K = {n_slots} must be in [1, D = {n_items}]")
+    if n_samples < (2 if baseline else 1):
+        raise ValueError(f"n_samples must be >= {2 if baseline else 1} (leave-one-out baselines need 2), got {n_samples}")
+    return n_slots
+
+
+def _expand(theta: jax.Array, like: jax.Array) -> jax.Array:
+    """``[K] -> [1, .., 1, K]`` with the rank of ``like``."""
+    return theta.astype(jnp.float32).reshape((1,) * (like.ndim - 1) + theta.shape)
+
+
+_DOC = """
+    Args:
+      logits: ``[.., D]`` float32 scores of the PL policy.
+      relevance: ``[.., D]`` per-document rewards rho.
+      position_weight: ``[K]`` theta (e.g. top-K DCG weights); ``K`` is the sampled length.
+      key: PRNG key.
+      n_samples: ``N`` sampled rankings per query (``>= 2`` with baselines).
+      where: optional bool ``[.., D]`` mask of real documents.
+      baseline: leave-one-out baseline corrections (Eq. 20-style) on or off.
+
+    Returns:
+      ``[..]`` float32 utility estimate per query; its gradient is the estimator's.
+"""
+
+
+def _with_doc(fn):
+    fn.__doc__ = fn.__doc__ + _DOC
+    return fn
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+@_with_doc
+def standard_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+    """Standard policy gradient, complete rankings as actions (Eq. 23)."""
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    utility = jnp.sum(s.ranked(relevance) * _expand(position_weight, s.rankings), axis=-1)  # [N, ..]
+    advantage = utility - leave_one_out_mean(utility) if baseline else utility
+    surrogate = jnp.mean(sg(advantage) * s.log_prefix()[..., -1], axis=0)
+    return _magic_box(jnp.mean(utility, axis=0), surrogate)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+@_with_doc
+def placement_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+    """Placement-trajectory policy gradient (Eq. 25): theta_k (rho_{y_k} - b_k) on log pi(y_{1:k})."""
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    theta = _expand(position_weight, s.rankings)
+    rho = s.ranked(relevance)  # [N, .., K]
+    advantage = rho - leave_one_out_mean(rho) if baseline else rho
+    surrogate = jnp.mean(jnp.sum(sg(theta * advantage) * s.log_prefix(), axis=-1), axis=0)
+    return _magic_box(jnp.mean(jnp.sum(theta * rho, axis=-1), axis=0), surrogate)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+@_with_doc
+def marginalize_first_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+    """Marginalize-first (Eq. 27): the first position exactly, placements after it sampled."""
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    theta = _expand(position_weight, s.rankings)
+    rel = jnp.where(s.valid[0], relevance.astype(jnp.float32), 0.0)
+    first = s.placement()[0, ..., 0, :]  # [.., D] pi(d | empty), identical for every sample
+    # The b'_0 correction of Eq. 27 changes nothing: sum_d grad pi(d | empty) = 0.
+    first_value = position_weight[0] * jnp.sum(first * rel, axis=-1)
+    rho = s.ranked(relevance)[..., 1:]
+    advantage = rho - leave_one_out_mean(rho) if baseline else rho
+    rest_theta = theta[..., 1:]
+    surrogate_rest = jnp.mean(jnp.sum(sg(rest_theta * advantage) * s.log_prefix()[..., 1:], axis=-1), axis=0)
+    rest_value = jnp.mean(jnp.sum(rest_theta * rho, axis=-1), axis=0)
+    return _magic_box(first_value + rest_value, first_value + surrogate_rest)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+@_with_doc
+def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+    """Marginalize-all (Eq. 30): every position's reward marginalized over its sampled prefix."""
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    place = s.placement()  # [N, .., K, D]
+    rel = jnp.where(s.valid, relevance.astype(jnp.float32), 0.0)[..., None, :]  # [N, .., 1, D]
+    expected = jnp.sum(place * rel, axis=-1)  # [N, .., K] sum_d pi(d|prefix) rho_d
+    b = leave_one_out_mean(expected)[..., None] if baseline else jnp.zeros_like(expected)[..., None]
+    theta = _expand(position_weight, expected)
+    score = place + sg(place) * s.log_prefix_before()[..., None]
+    surrogate = jnp.mean(jnp.sum(theta * jnp.sum(sg(rel - b) * score, axis=-1), axis=-1), axis=0)
+    return _magic_box(jnp.mean(jnp.sum(theta * expected, axis=-1), axis=0), surrogate)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline", "corrected"))
+def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=True, corrected=True):
+    """Estimated exposure ``theta_d = E_y[theta_{rank(d)}]`` (Eq. 32) with the exposure-based
+    gradient estimator as its Jacobian.
+
+    ``corrected=True`` (default) is the estimator of Appendix A (Eqs. 36-39, Figure 8):
+    a (K+1)-th outcome "d not placed" with weight 0 receives the baseline correction
+    ``-b_d``, which makes the baseline-corrected estimator unbiased. ``corrected=False`` is
+    the published Eq. 33 (Figure 2), biased when ``baseline=True`` (Appendix A); without
+    baselines the two are identical and unbiased.
+
+    Args:
+      logits: ``[.., D]`` float32 scores.
+      position_weight: ``[K]`` theta.
+      key: PRNG key.
+      n_samples: ``N`` (``>= 2`` with baselines).
+      where: optional bool ``[.., D]`` mask.
+      baseline: leave-one-out baselines ``b_d`` estimating each document's exposure.
+      corrected: Appendix A's correction (default) or the original Eq. 33.
+
+    Returns:
+      ``[.., D]`` float32 exposure estimate (0 for masked documents).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> theta = jnp.array([1.0, 0.5])
+      >>> e = exposure(jnp.zeros(4), theta, jax.random.key(0), 8)
+      >>> round(float(e.sum()), 5)   # total exposure is sum_k theta_k
+      1.5
+    """
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    place = s.placement()  # [N, .., K, D]
+    log_before = s.log_prefix_before()  # [N, .., K]
+    theta = position_weight.astype(jnp.float32)
+    if corrected:
+        # Outcome K+1: d is not placed at K given y_{1:K-1} (d not already placed, d valid).
+        one_hot = pl.one_hot_rankings(s.rankings[..., :-1], logits.shape[-1])
+        already = jnp.any(jnp.logical_and(one_hot, s.slot_valid[..., :-1, None]), axis=-2)
+        out = jnp.where(jnp.logical_and(s.valid, ~already), 1.0 - place[..., -1, :], 0.0)
+        place = jnp.concatenate([place, out[..., None, :]], axis=-2)  # [N, .., K+1, D]
+        log_before = jnp.concatenate([log_before, log_before[..., -1:]], axis=-1)
+        theta = jnp.concatenate([theta, jnp.zeros((1,), jnp.float32)])
+    theta_b = _expand(theta, place[..., 0])[..., None]  # [1, .., K(+1), 1]
+    per_sample = jnp.sum(place * theta_b, axis=-2)  # [N, .., D]
+    b = leave_one_out_mean(per_sample)[..., None, :] if baseline else 0.0
+    score = place + sg(place) * log_before[..., None]
+    surrogate = jnp.mean(jnp.sum(sg(theta_b - b) * score, axis=-2), axis=0)
+    return _magic_box(jnp.mean(per_sample, axis=0), surrogate)
+
+
+def exposure_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True, corrected=True):
+    """Exposure-based utility (Eq. 35): ``sum_d rho_d theta_d`` with the exposure estimator."""
+    expo = exposure(logits, position_weight, key, n_samples, where=where, baseline=baseline, corrected=corrected)
+    rel = relevance.astype(jnp.float32)
+    if where is not None:
+        rel = jnp.where(where, rel, 0.0)
+    return jnp.sum(rel * expo, axis=-1)
+
+
+exposure_utility.__doc__ = (exposure_utility.__doc__ or "") + _DOC.replace(
+    "      baseline: leave-one-out baseline corrections (Eq. 20-style) on or off.",
+    "      baseline: leave-one-out baselines on or off.\n      corrected: Appendix A's correction (default) or the original Eq. 33.",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# PL-Rank-3 (Eq. 21): a custom gradient, kept as the baseline method
+# ---------------------------------------------------------------------------------------
+@jax.custom_vjp
+def _plrank3(logits, relevance, position_weight, rankings, valid):
+    rho = jnp.where(valid, relevance, 0.0)
+    ranked = jnp.take_along_axis(jnp.broadcast_to(rho, (rankings.shape[0],) + rho.shape), rankings, axis=-1)
+    return jnp.mean(jnp.sum(ranked * position_weight.reshape((1,) * (rankings.ndim - 1) + (-1,)), axis=-1), axis=0)
+
+
+def _plrank3_fwd(logits, relevance, position_weight, rankings, valid):
+    return _plrank3(logits, relevance, position_weight, rankings, valid), (logits, relevance, position_weight, rankings, valid)
+
+
+def _plrank3_bwd(res, cotangent):
+    logits, relevance, theta, rankings, valid = res
+    n_samples, n_items, n_slots = rankings.shape[0], logits.shape[-1], rankings.shape[-1]
+    dtype = logits.dtype
+    # As published: unnormalised e^{f(d)} and denominators (overflow in float32 at f ~ 89).
+    w = jnp.where(valid, jnp.exp(logits), 0.0)  # [.., D]
+    rho = jnp.where(valid, relevance, 0.0).astype(dtype)
+    w_n = jnp.broadcast_to(w, (n_samples,) + w.shape)
+    ranked_w = jnp.take_along_axis(w_n, rankings, axis=-1)  # [N, .., K]
+    ranked_rho = jnp.take_along_axis(jnp.broadcast_to(rho, w_n.shape), rankings, axis=-1)
+    theta_k = theta.astype(dtype).reshape((1,) * (rankings.ndim - 1) + (n_slots,))
+    # denom_k = sum of e^f over documents not in y_{1:k-1}.
+    denom = jnp.sum(w, axis=-1)[None, ..., None] - (jnp.cumsum(ranked_w, axis=-1) - ranked_w)
+    reward = theta_k * ranked_rho
+    pr = jnp.cumsum(reward[..., ::-1], axis=-1)[..., ::-1]  # PR_k = sum_{x >= k} theta_x rho_{y_x}
+    ri = jnp.cumsum(pr / denom, axis=-1)  # RI_k
+    dr = jnp.cumsum(theta_k / denom, axis=-1)  # DR_k
+    # Per document: rank r (1-based), K for documents outside the top K.
+    one_hot = pl.one_hot_rankings(rankings, n_items)  # [N, .., K, D]
+    in_top = jnp.any(one_hot, axis=-2)  # [N, .., D]
+    rank0 = jnp.where(in_top, jnp.argmax(one_hot, axis=-2).astype(jnp.int32), n_slots - 1)  # 0-based, capped
+    pr_after = jnp.concatenate([pr[..., 1:], jnp.zeros_like(pr[..., :1])], axis=-1)  # PR_{r+1}
+    pr_d = jnp.where(in_top, jnp.take_along_axis(pr_after, rank0, axis=-1), 0.0)
+    ri_d = jnp.take_along_axis(ri, rank0, axis=-1)
+    dr_d = jnp.take_along_axis(dr, rank0, axis=-1)
+    grad = pr_d + w_n * (rho[None] * dr_d - ri_d)
+    grad = jnp.where(jnp.broadcast_to(valid, grad.shape), grad, 0.0)
+    return (cotangent[..., None] * jnp.mean(grad, axis=0), None, None, None, None)
+
+
+_plrank3.defvjp(_plrank3_fwd, _plrank3_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples",))
+def plrank3_utility(logits, relevance, position_weight, key, n_samples, *, where=None):
+    """PL-Rank-3 (Eq. 21; Oosterhuis 2022): utility estimate with a custom gradient.
+
+    ``grad_d = (1/N) sum_i PR_{y,d} + e^{f(d)} (rho_d DR_{y,d} - RI_{y,d})`` with suffix
+    rewards ``PR`` and the unnormalised sums ``RI``, ``DR`` over ``1 / sum e^f``. Works in
+    the dtype of ``logits`` (float64 with x64 enabled). In float32 ``e^{f}`` overflows for
+    logits above ~88 and the gradient becomes NaN/inf: the instability the paper reports.
+    No baseline corrections. Gradients w.r.t. ``relevance`` and ``position_weight`` are 0.
+
+    Args:
+      logits: ``[.., D]`` scores (float32 or float64).
+      relevance: ``[.., D]`` rho.
+      position_weight: ``[K]`` theta.
+      key: PRNG key.
+      n_samples: ``N``.
+      where: optional bool ``[.., D]`` mask.
+
+    Returns:
+      ``[..]`` utility estimate per query.
+    """
+    n_slots = _check(position_weight, logits.shape[-1], n_samples, False)
+    rankings = pl.sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)
+    valid = pl.valid_items(logits, where)
+    return _plrank3(logits, relevance.astype(logits.dtype), position_weight.astype(logits.dtype), rankings, valid)
+
+
+# ---------------------------------------------------------------------------------------
+# Any ranking-level reward
+# ---------------------------------------------------------------------------------------
+def sampled_policy_gradient(
+    logits: jax.Array,
+    reward_fn: Callable[[jax.Array], jax.Array],
+    n_slots: int,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
+    """Score-function estimator for a reward of whole (top-K) rankings.
+
+    ``grad ~ (1/N) sum_i (R(y^(i)) - b_i) grad log pi(y^(i)_{1:K})`` with leave-one-out
+    baselines. Use it when the reward does not decompose over documents (e.g. R-POD's
+    second-stage completion value); the marginalizing estimators need per-document rewards.
+
+    Args:
+      logits: ``[.., D]`` scores.
+      reward_fn: ``rankings [N, .., K] -> rewards [N, ..]`` (not differentiated).
+      n_slots: ``K``.
+      key: PRNG key.
+      n_samples: ``N``.
+      where: optional bool ``[.., D]`` mask.
+      baseline: leave-one-out baselines on or off.
+
+    Returns:
+      ``[..]`` mean sampled reward per query; its gradient is the estimator's.
+    """
+    if n_samples < (2 if baseline else 1):
+        raise ValueError(f"n_samples must be >= {2 if baseline else 1}, got {n_samples}")
+    s = _Samples(logits, key, n_slots, n_samples, where)
+    reward = sg(jnp.asarray(reward_fn(s.rankings), jnp.float32))
+    if reward.shape != s.rankings.shape[:-1]:
+        raise ValueError(f"reward_fn returned shape {reward.shape}; expected {s.rankings.shape[:-1]}")
+    advantage = reward - leave_one_out_mean(reward) if baseline else reward
+    surrogate = jnp.mean(advantage * s.log_prefix()[..., -1], axis=0)
+    return _magic_box(jnp.mean(reward, axis=0), surrogate)
+
+
+ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
+    "standard": standard_utility,
+    "placement": placement_utility,
+    "marginalize_first": marginalize_first_utility,
+    "marginalize_all": marginalize_all_utility,
+    "exposure": exposure_utility,
+    "exposure_original": functools.partial(exposure_utility, corrected=False),
+    "plrank3": plrank3_utility,
+}
+"""Utility estimators by name: ``fn(logits, relevance, position_weight, key, n_samples,
+*, where=None[, baseline=True]) -> [..]``."""

@@ -1,0 +1,184 @@
+"""Every PL gradient estimator against the exact gradient of the exact expected utility.
+
+Exact utility: U = sum_k theta_k sum_d P(y_k = d) rho_d, with exact position marginals
+(cross-checked against enumeration); its jax.grad is the exact policy gradient. Each
+estimator's mean gradient over M independent keys must be within 4 standard errors of it,
+coordinate by coordinate, where the paper says it is unbiased, and far from it where the
+paper says it is biased (the published Eq. 33 with baselines, Appendix A).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from opl_rank import ltr_estimators as le
+from opl_rank import make_key
+from opl_rank import plackett_luce as pl
+from tests import reference as ref
+
+N_KEYS = 2000
+N_SAMPLES = 8
+
+
+def exact_utility(logits, relevance, theta, where=None):
+    marg = pl.exact_position_marginals(logits, theta.shape[0], where=where)  # [.., K, D]
+    return jnp.einsum("k,...kd,...d->...", theta, marg, relevance)
+
+
+def _problem(n_items, n_slots, seed, signed=False):
+    k_logits, k_rel = jax.random.split(make_key(seed))
+    logits = jax.random.normal(k_logits, (2, n_items))
+    rel = jax.random.uniform(k_rel, (2, n_items), minval=-2.0 if signed else 0.0, maxval=4.0)
+    theta = 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+    return logits, rel, theta
+
+
+def _gradients(estimator, logits, rel, theta, **kwargs):
+    keys = jax.random.split(make_key(1234), N_KEYS)
+
+    def one(key):
+        return jax.grad(lambda s: estimator(s, rel, theta, key, N_SAMPLES, **kwargs).sum())(logits)
+
+    return np.asarray(jax.vmap(one)(keys), np.float64)
+
+
+def _z_scores(grads, exact):
+    mean = grads.mean(0)
+    se = grads.std(0, ddof=1) / np.sqrt(grads.shape[0])
+    return np.abs(mean - np.asarray(exact)) / (se + 1e-7)
+
+
+def test_exact_utility_matches_enumeration():
+    logits, rel, theta = _problem(5, 3, 0)
+    want = [
+        sum(
+            ref.pl_prefix_probs(np.asarray(logits[q]), perm)[-1]
+            * sum(float(theta[k]) * float(rel[q, d]) for k, d in enumerate(perm))
+            for perm in ref.all_permutations(5, 3)
+        )
+        for q in range(2)
+    ]
+    np.testing.assert_allclose(exact_utility(logits, rel, theta), want, rtol=1e-5)
+
+
+UNBIASED = [
+    (name, baseline)
+    for name in ("standard", "placement", "marginalize_first", "marginalize_all", "exposure")
+    for baseline in (True, False)
+] + [("exposure_original", False)]
+
+
+@pytest.mark.parametrize("n_items,n_slots", [(5, 3), (6, 4)])
+@pytest.mark.parametrize("name,baseline", UNBIASED)
+def test_estimator_is_unbiased(name, baseline, n_items, n_slots):
+    logits, rel, theta = _problem(n_items, n_slots, seed=n_items, signed=name.startswith("exposure"))
+    exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
+    grads = _gradients(le.ESTIMATORS[name], logits, rel, theta, baseline=baseline)
+    assert np.all(np.isfinite(grads))
+    assert _z_scores(grads, exact).max() < 4.0
+
+
+def test_original_exposure_estimator_is_biased_with_baselines():
+    """Appendix A: Eq. 33 subtracts b_d per placement, but sum_k P(y_k = d) < 1."""
+    logits, rel, theta = _problem(5, 3, seed=5)
+    exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
+    original = _z_scores(_gradients(le.ESTIMATORS["exposure_original"], logits, rel, theta, baseline=True), exact)
+    corrected = _z_scores(_gradients(le.ESTIMATORS["exposure"], logits, rel, theta, baseline=True), exact)
+    assert original.max() > 20.0
+    assert corrected.max() < 4.0
+
+
+def test_exposure_values_and_jacobian_match_exact_exposure():
+    logits, _, theta = _problem(6, 3, seed=3)
+    where = jnp.array([[True] * 6, [True, True, False, True, True, True]])
+    exact_exposure = lambda s: jnp.einsum("k,...kd->...d", theta, pl.exact_position_marginals(s, 3, where=where))
+    keys = jax.random.split(make_key(77), N_KEYS)
+    values = np.asarray(jax.vmap(lambda k: le.exposure(logits, theta, k, N_SAMPLES, where=where))(keys))
+    want = np.asarray(exact_exposure(logits))
+    assert np.all(np.abs(values.mean(0) - want) <= 4 * values.std(0) / np.sqrt(N_KEYS) + 1e-6)
+    np.testing.assert_allclose(values.sum(-1), float(theta.sum()), rtol=1e-5)  # exposure is conserved
+    assert np.all(values[:, 1, 2] == 0.0)  # masked document gets none
+    # The Jacobian row of document d is the gradient of its exposure.
+    jac = jax.vmap(lambda k: jax.jacrev(lambda s: le.exposure(s, theta, k, N_SAMPLES, where=where)[0, 4])(logits))(keys)
+    exact_jac = jax.grad(lambda s: exact_exposure(s)[0, 4])(logits)
+    assert _z_scores(np.asarray(jac, np.float64), exact_jac).max() < 4.0
+
+
+def test_marginalization_reduces_variance():
+    logits, rel, theta = _problem(6, 4, seed=11)
+    spread = {
+        name: _gradients(le.ESTIMATORS[name], logits, rel, theta, baseline=True).std(0).mean()
+        for name in ("standard", "placement", "marginalize_all")
+    }
+    assert spread["marginalize_all"] < spread["placement"] < spread["standard"]
+
+
+def test_plrank3_is_unbiased_in_float64():
+    logits, rel, theta = _problem(5, 3, seed=21)
+    exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
+    with jax.enable_x64(True):
+        l64, r64, t64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (logits, rel, theta))
+        grads = _gradients(le.plrank3_utility, l64, r64, t64)
+        assert grads.dtype == np.float64
+    assert _z_scores(grads, exact).max() < 4.0
+
+
+def test_plrank3_float32_failure_is_documented():
+    """PL-Rank-3 uses unnormalised e^f: non-finite gradients at logits of 1e3 in float32."""
+    logits = jnp.array([[1e3, -1e3, 5e2, 0.0, -5e2]], jnp.float32)
+    rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0]], jnp.float32)
+    theta = jnp.array([1.0, 0.6, 0.5], jnp.float32)
+    g = jax.grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8).sum())(logits)
+    assert not bool(jnp.all(jnp.isfinite(g)))
+
+
+@pytest.mark.parametrize("name", [n for n in le.ESTIMATORS if n != "plrank3"])
+def test_no_nan_or_inf_at_logits_1e3(name):
+    logits = jnp.array([[1e3, -1e3, 5e2, 0.0, -5e2, 1e3], [3.0, 1e3, -1e3, 2.0, 0.0, 0.0]], jnp.float32)
+    where = jnp.array([[True] * 6, [True, True, True, True, False, False]])
+    rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0, 4.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], jnp.float32)
+    theta = jnp.array([1.0, 0.6, 0.5], jnp.float32)
+    fn = lambda s: le.ESTIMATORS[name](s, rel, theta, make_key(0), 8, where=where).sum()
+    value, grad = jax.value_and_grad(fn)(logits)
+    assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
+
+
+def test_masked_documents_get_no_gradient_and_fewer_docs_than_k():
+    logits, rel, theta = _problem(5, 4, seed=31)
+    where = jnp.array([[True, True, False, True, False], [True, False, False, False, True]])  # 2 valid < K
+    for name, est in le.ESTIMATORS.items():
+        g = jax.grad(lambda s: est(s, rel, theta, make_key(3), 8, where=where).sum())(logits)
+        assert bool(jnp.all(jnp.isfinite(g))), name
+        np.testing.assert_array_equal(np.asarray(g)[~np.asarray(where)], 0.0, err_msg=name)
+
+
+def test_value_is_the_utility_estimate():
+    logits, rel, theta = _problem(5, 3, seed=41)
+    exact = np.asarray(exact_utility(logits, rel, theta))
+    for name, est in le.ESTIMATORS.items():
+        values = np.asarray(jax.vmap(lambda k: est(logits, rel, theta, k, N_SAMPLES))(jax.random.split(make_key(5), 500)))
+        se = values.std(0) / np.sqrt(500)
+        assert np.all(np.abs(values.mean(0) - exact) <= 4 * se + 1e-5), name
+
+
+def test_sampled_policy_gradient_with_a_ranking_level_reward():
+    """A reward that does not decompose: 1 if documents 0 and 1 are both in the top-2."""
+    logits, _, _ = _problem(4, 2, seed=51)
+    rankings = jnp.asarray(pl.all_rankings(4, 2))
+    hit = jnp.asarray([float(set(r.tolist()) == {0, 1}) for r in np.asarray(rankings)])
+    exact_value = lambda s: jnp.sum(pl.enumerate_ranking_probs(s, rankings) * hit[None, :], axis=-1)
+    reward_fn = lambda r: jnp.logical_and(jnp.any(r == 0, axis=-1), jnp.any(r == 1, axis=-1)).astype(jnp.float32)
+    keys = jax.random.split(make_key(9), N_KEYS)
+    grads = jax.vmap(lambda k: jax.grad(lambda s: le.sampled_policy_gradient(s, reward_fn, 2, k, 8).sum())(logits))(keys)
+    assert _z_scores(np.asarray(grads, np.float64), jax.grad(lambda s: exact_value(s).sum())(logits)).max() < 4.0
+
+
+def test_input_errors():
+    theta = jnp.ones(3)
+    with pytest.raises(ValueError, match="n_samples must be >= 2"):
+        le.placement_utility(jnp.zeros(5), jnp.ones(5), theta, make_key(0), 1)
+    with pytest.raises(ValueError, match="K = 6 must be in"):
+        le.standard_utility(jnp.zeros(5), jnp.ones(5), jnp.ones(6), make_key(0), 4)
+    with pytest.raises(ValueError, match="position_weight must be"):
+        le.exposure(jnp.zeros(5), jnp.ones((2, 2)), make_key(0), 4)
