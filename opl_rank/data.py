@@ -8,13 +8,14 @@ construction with concrete arrays; inside ``jit``/``vmap`` (tracers) validation 
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+
+from opl_rank.atomic import atomic_write
 
 __all__ = ["LoggedData", "train_val_split", "minibatches", "dcg_position_weights"]
 
@@ -132,17 +133,7 @@ class LoggedData(struct.PyTreeNode):
             if getattr(self, name) is not None
         }
         arrays["n_items"] = np.asarray(self.n_items)
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp.npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LoggedData":

@@ -77,8 +77,11 @@ def _kl(target: jax.Array, exposure: jax.Array, mask: jax.Array, eps: float) -> 
     support = jnp.logical_and(mask, p > 0.0)
     one = jnp.ones((), jnp.float32)
     # eps keeps log finite (and its gradient <= 1/eps) where q_i = 0; it is added to p too
-    # so that the loss is 0 at q = p (up to float32 rounding). Off the support the log argument is set to 1.
-    log_ratio = jnp.log(jnp.where(support, q + eps, one)) - jnp.log(jnp.where(support, p + eps, one))
+    # so that the loss is 0 at q = p (up to float32 rounding). Off the support the log
+    # arguments are set to 1, so no log(0) is ever formed (finite gradients).
+    log_q = jnp.log(jnp.where(support, q + eps, one))
+    log_p = jnp.log(jnp.where(support, p + eps, one))
+    log_ratio = log_q - log_p
     return -jnp.sum(jnp.where(support, p * log_ratio, 0.0), axis=-1)
 
 
@@ -209,11 +212,11 @@ def kl_fair_loss(
 
     Terms with ``rho'_i = 0`` contribute 0 (``0 log 0 = 0``). ``eps`` is added inside
     the log to both normalised vectors, ``log((theta'_i + eps) / (rho'_i + eps))``, so the
-    loss and its gradient w.r.t. ``exposure`` stay finite where ``theta_i = 0`` (gradient
-    magnitude ``<= 1/eps`` per unit of ``rho'``), and the loss is 0 at
-    ``theta' = rho'`` (up to float32 rounding). It is invariant to scaling ``exposure`` or ``relevance`` by a
-    positive constant. Rows whose relevance sums to 0 give 0; an all-zero exposure row
-    is treated as ``theta' = 0`` (finite loss ``~ -log eps``).
+    loss and its gradient w.r.t. ``exposure`` stay finite where ``theta_i = 0`` (the log's
+    derivative is at most ``1/eps``), and the loss is 0 at ``theta' = rho'`` (up to
+    float32 rounding). It is invariant to scaling ``exposure`` or ``relevance`` by a
+    positive constant. Rows whose relevance sums to 0 give 0; an all-zero exposure row is
+    treated as ``theta' = 0`` (finite loss ``~ -log eps``, zero gradient).
 
     Args:
       exposure: ``[.., D]`` exposures theta ``>= 0``.

@@ -65,6 +65,13 @@ def _gains(labels: jax.Array, gain: str) -> jax.Array:
     raise ValueError(f"gain must be one of {_GAINS}, got {gain!r}")
 
 
+def _cutoff(scores: jax.Array, labels: jax.Array, k: int) -> int:
+    """``min(k, D)`` (validated), so that every ``k >= D`` shares one compiled function."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return min(int(k), jnp.broadcast_shapes(jnp.shape(scores), jnp.shape(labels))[-1])
+
+
 def _row_dot(x: jax.Array, w: jax.Array) -> jax.Array:
     """``sum_l x[.., l] w[l]`` with the 1-D ``w`` reshaped to ``x``'s rank (no promotion)."""
     return jnp.sum(x * w.reshape((1,) * (x.ndim - 1) + w.shape), axis=-1)
@@ -140,7 +147,7 @@ def dcg_at_k(
       >>> round(float(dcg_at_k(jnp.array([0.5, 0.9, 0.1]), jnp.array([1, 2, 0]), 3)), 4)
       3.6309
     """
-    dcg, _ = _dcg_and_ndcg(scores, labels, k, where, gain)
+    dcg, _ = _dcg_and_ndcg(scores, labels, _cutoff(scores, labels, k), where, gain)
     return dcg
 
 
@@ -177,5 +184,5 @@ def ndcg_at_k(
       >>> float(ndcg_at_k(jnp.array([1.0, 2.0, 3.0]), jnp.zeros(3), 3))
       0.0
     """
-    _, ndcg = _dcg_and_ndcg(scores, labels, k, where, gain)
+    _, ndcg = _dcg_and_ndcg(scores, labels, _cutoff(scores, labels, k), where, gain)
     return ndcg

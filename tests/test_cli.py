@@ -77,3 +77,44 @@ def test_console_script_module_runs():
     )
     assert proc.returncode == 0, proc.stderr
     assert "logging_policy_value" in proc.stdout
+
+
+LTR_CONFIG = "experiments/configs/ltr_exposure.yaml"
+
+
+def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lightgbm_yahoo_sample" / "lightgbm_yahoo_sample.txt"
+    if not data.exists():
+        pytest.skip(f"real data not found at {data}")
+    out = tmp_path / "ltr"
+    args = ["ltr", "--config", LTR_CONFIG, "--set", f"data={data}", "--set", "epochs=3",
+            "--set", "hidden=[8]", "--set", f"output_dir={out}", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert 0.0 < summary["final_valid_ndcg@10"] <= 1.0
+    assert "epoch   3/3" in captured.err
+    assert {p.name for p in out.iterdir()} == {"history.csv", "config.yaml", "summary.json"}
+    assert len((out / "history.csv").read_text().strip().splitlines()) == 4
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--set", "epochs=zero"], "epochs must be an integer"),
+        (["--set", "nonsense=1"], "unknown key(s) ['nonsense']"),
+        (["--set", "data=/no/such/file.txt"], "data file not found"),
+        (["--set", "estimator=magic"], "estimator must be one of"),
+        (["--set", "novalue"], "--set expects key=value"),
+    ],
+)
+def test_ltr_bad_config_exits_2(extra, message, capsys):
+    assert main(["ltr", "--config", LTR_CONFIG] + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_ltr_missing_config_file(capsys):
+    assert main(["ltr", "--config", "no/such.yaml"]) == 2
+    assert "config file not found" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""YAML configs parsed once, at the boundary, into frozen dataclasses with clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import Any, Sequence
+
+import yaml
+
+__all__ = ["load_yaml", "parse_overrides", "build_dataclass", "resolve_path"]
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML mapping; errors name the file."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ValueError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a mapping of keys to values")
+    return data
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["epochs=5", "hidden=[64, 32]"]`` -> ``{"epochs": 5, "hidden": [64, 32]}`` (YAML values)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        out[name.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{name} must be a list, got {value!r}")
+        (item_type, *_rest) = typing.get_args(annotation)
+        return tuple(_coerce(f"{name}[{i}]", v, item_type) for i, v in enumerate(value))
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(name, value, arg)
+            except ValueError:
+                continue
+        raise ValueError(f"{name}: {value!r} does not fit {annotation}")
+    return value
+
+
+def build_dataclass(cls: type, values: dict[str, Any], *, source: str = "config") -> Any:
+    """``cls(**values)`` with unknown keys rejected and values type-checked by annotation."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
+    kwargs = {name: _coerce(name, value, hints[name]) for name, value in values.items()}
+    return cls(**kwargs)
+
+
+def resolve_path(path: str, config_path: str | None) -> str:
+    """A data path as written, else relative to the config file's folder; must exist."""
+    candidates = [path]
+    if config_path is not None and not os.path.isabs(path):
+        candidates.append(os.path.join(os.path.dirname(os.path.abspath(config_path)), path))
+    for candidate in candidates:
+        if os.path.exists(candidate):
+            return candidate
+    raise ValueError(f"data file not found: tried {candidates}")

@@ -1,0 +1,105 @@
+"""``opl-rank ltr``: full-information LTR on a LETOR file with a PL gradient estimator."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+from typing import Any, Callable
+
+import yaml
+
+from experiments.config import build_dataclass, load_yaml, resolve_path
+
+__all__ = ["LTRExperiment", "run_ltr"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LTRExperiment:
+    """An ``ltr`` config: data, split and output, plus every :class:`LTRConfig` field."""
+
+    data: str
+    normalize: str | None = "minmax"
+    valid_fraction: float = 0.2
+    max_docs: int | None = None
+    seed: int = 0
+    output_dir: str | None = None
+    hidden: tuple[int, ...] = (1024, 512, 256)
+    learning_rate: float = 1e-3
+    batch_queries: int = 128
+    epochs: int = 10
+    estimator: str = "exposure"
+    n_samples: int = 100
+    baseline: bool = True
+    loss: str = "relevance"
+    cutoff: int = 10
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ValueError(f"valid_fraction must be in (0, 1), got {self.valid_fraction}")
+        if self.normalize not in (None, "minmax", "zscore"):
+            raise ValueError(f"normalize must be null, 'minmax' or 'zscore', got {self.normalize!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        self.training_config()  # validates the training fields
+
+    def training_config(self):
+        from opl_rank.ltr_training import LTRConfig
+
+        names = {f.name for f in dataclasses.fields(LTRConfig)}
+        return LTRConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+
+def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperiment:
+    values = load_yaml(config_path)
+    values.update(overrides)
+    experiment = build_dataclass(LTRExperiment, values, source=config_path)
+    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
+
+
+def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Load, split, train, and (with ``output_dir``) write ``history.csv``, ``config.yaml``
+    and ``summary.json`` atomically."""
+    from opl_rank import atomic, ltr_training, prng
+    from simulators.letor import load_letor, split_queries
+
+    data = load_letor(experiment.data, normalize=experiment.normalize, max_docs=experiment.max_docs)
+    train, valid = split_queries(data, (1.0 - experiment.valid_fraction, experiment.valid_fraction), seed=experiment.seed)
+    cfg = experiment.training_config()
+    echo(
+        f"ltr: {os.path.basename(experiment.data)}: {train.features.shape[0]} train / {valid.features.shape[0]} valid "
+        f"queries, {data.features.shape[2]} features; estimator={cfg.estimator} loss={cfg.loss} N={cfg.n_samples} K={cfg.cutoff}"
+    )
+    metric = f"valid_ndcg@{cfg.cutoff}"
+
+    def progress(record: dict[str, float]) -> None:
+        echo(
+            f"epoch {record['epoch']:>3}/{cfg.epochs}  train_loss {record['train_loss']:+.4f}  "
+            f"{metric} {record[metric]:.4f}  valid_loss {record['valid_loss']:+.4f}  {record['seconds']:.3f}s"
+        )
+
+    result = ltr_training.train_ltr(train, valid, cfg, prng.make_key(experiment.seed), progress=progress)
+    history = result.history
+    summary = {
+        "final_" + metric: history[-1][metric],
+        "best_" + metric: max(r[metric] for r in history),
+        "seconds_per_epoch": sum(r["seconds"] for r in history[1:]) / max(1, len(history) - 1),
+        "epochs": len(history),
+        "estimator": cfg.estimator,
+        "loss": cfg.loss,
+    }
+    if experiment.output_dir:
+        out = experiment.output_dir
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+        atomic.atomic_write_text(os.path.join(out, "history.csv"), buf.getvalue())
+        resolved = dataclasses.asdict(experiment)
+        resolved["hidden"] = list(resolved["hidden"])
+        atomic.atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
+        atomic.atomic_write_text(os.path.join(out, "summary.json"), json.dumps(summary, indent=2) + "\n")
+        summary["output_dir"] = out
+    return summary

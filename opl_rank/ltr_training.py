@@ -1,0 +1,225 @@
+"""Full-information learning to rank with the PL policy-gradient estimators.
+
+A pointwise MLP scores documents; a Plackett-Luce policy over those scores is trained with
+any estimator of :mod:`opl_rank.ltr_estimators` and, for the exposure estimators, any loss
+of :mod:`opl_rank.exposure_losses`. One jit-compiled step (fixed batch shape: compiled
+once); NDCG@K of the deterministic ranking (sort by score) and the estimated loss on
+held-out queries are recorded every epoch.
+
+Relevance used by the estimators: ``rho_d = (2^label_d - 1) / IDCG@K`` per query, so the
+relevance utility is the policy's expected NDCG@K (0 for queries without relevant docs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from opl_rank import exposure_losses, ltr_estimators, metrics
+from opl_rank.policies import MLPScorer
+
+__all__ = ["LTRConfig", "LTRResult", "RankingQueries", "ideal_normalized_gains", "train_ltr", "LOSSES"]
+
+LOSSES: dict[str, Callable[..., jax.Array]] = {
+    "relevance": exposure_losses.relevance_loss,
+    "frac_fair": exposure_losses.frac_fair_loss,
+    "prod_fair": exposure_losses.prod_fair_loss,
+    "kl_fair": exposure_losses.kl_fair_loss,
+}
+_EXPOSURE_ESTIMATORS = {"exposure": True, "exposure_original": False}
+
+
+class RankingQueries(NamedTuple):
+    """Padded per-query arrays (what :func:`simulators.letor.load_letor` returns)."""
+
+    features: Any  # [Q, D, F] float32
+    labels: Any  # [Q, D] float32 graded relevance
+    mask: Any  # [Q, D] bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LTRConfig:
+    """Hyperparameters of :func:`train_ltr` (the paper's setting by default).
+
+    Attributes:
+      hidden: MLP hidden sizes (paper: 1024, 512, 256).
+      learning_rate: Adamax learning rate (paper: 1e-3).
+      batch_queries: queries per step (paper: 128; capped at the training set size).
+      epochs: passes over the training queries.
+      estimator: a name in ``ltr_estimators.ESTIMATORS``.
+      n_samples: ``N`` sampled rankings per query and step.
+      baseline: leave-one-out baselines (ignored by PL-Rank-3).
+      loss: ``relevance`` (any estimator) or ``frac_fair``, ``prod_fair``, ``kl_fair``
+        (exposure estimators only).
+      cutoff: ``K``, ranking length sampled and the NDCG cutoff (paper: 10).
+    """
+
+    hidden: tuple[int, ...] = (1024, 512, 256)
+    learning_rate: float = 1e-3
+    batch_queries: int = 128
+    epochs: int = 10
+    estimator: str = "exposure"
+    n_samples: int = 100
+    baseline: bool = True
+    loss: str = "relevance"
+    cutoff: int = 10
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ltr_estimators.ESTIMATORS:
+            raise ValueError(f"estimator must be one of {sorted(ltr_estimators.ESTIMATORS)}, got {self.estimator!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
+        if self.loss != "relevance" and self.estimator not in _EXPOSURE_ESTIMATORS:
+            raise ValueError(f"loss {self.loss!r} needs an exposure estimator, got {self.estimator!r}")
+        for name in ("batch_queries", "epochs", "n_samples", "cutoff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.baseline and self.n_samples < 2 and self.estimator != "plrank3":
+            raise ValueError("baseline=True needs n_samples >= 2")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if not self.hidden or any((not isinstance(h, int)) or h < 1 for h in self.hidden):
+            raise ValueError(f"hidden must be positive ints, got {self.hidden!r}")
+
+
+class LTRResult(NamedTuple):
+    """Trained parameters and the per-epoch history (one dict per epoch)."""
+
+    params: Any
+    history: list[dict[str, float]]
+
+
+def ideal_normalized_gains(labels: jax.Array, mask: jax.Array, cutoff: int) -> jax.Array:
+    """``rho = (2^label - 1) / IDCG@K`` per query (0 where IDCG is 0 or masked).
+
+    Args:
+      labels: ``[Q, D]`` graded relevance.
+      mask: ``[Q, D]`` bool.
+      cutoff: ``K``.
+
+    Returns:
+      ``[Q, D]`` float32.
+    """
+    gains = jnp.where(mask, jnp.exp2(labels.astype(jnp.float32)) - 1.0, 0.0)
+    k = min(cutoff, labels.shape[-1])
+    top = jax.lax.top_k(gains, k)[0]
+    ideal = top @ metrics.dcg_weights(k)
+    safe = jnp.where(ideal > 0, ideal, 1.0)
+    return jnp.where((ideal > 0)[..., None], gains / safe[..., None], 0.0)
+
+
+def _objective(config: LTRConfig, theta: jax.Array) -> Callable[..., jax.Array]:
+    """``(logits, rho, mask, key) -> [Q]`` per-query loss whose gradient is the estimator's."""
+    if config.estimator in _EXPOSURE_ESTIMATORS:
+        corrected = _EXPOSURE_ESTIMATORS[config.estimator]
+        loss_fn = LOSSES[config.loss]
+
+        def objective(logits, rho, mask, key):
+            expo = ltr_estimators.exposure(
+                logits, theta, key, config.n_samples, where=mask, baseline=config.baseline, corrected=corrected
+            )
+            return loss_fn(expo, rho, where=mask)
+
+        return objective
+    estimator = ltr_estimators.ESTIMATORS[config.estimator]
+    extra = {} if config.estimator == "plrank3" else {"baseline": config.baseline}
+
+    def objective(logits, rho, mask, key):
+        return -estimator(logits, rho, theta, key, config.n_samples, where=mask, **extra)
+
+    return objective
+
+
+def train_ltr(
+    train: Any,
+    valid: Any,
+    config: LTRConfig,
+    key: jax.Array,
+    *,
+    progress: Callable[[dict[str, float]], None] | None = None,
+) -> LTRResult:
+    """Train an MLP-scored PL ranker on full-information relevance labels.
+
+    Args:
+      train: training queries (``features [Q, D, F]``, ``labels [Q, D]``, ``mask [Q, D]``).
+      valid: held-out queries, same ``F``.
+      config: :class:`LTRConfig`.
+      key: PRNG key (initialisation, shuffling, sampling).
+      progress: called with each epoch's record.
+
+    Returns:
+      :class:`LTRResult`; history records hold ``epoch``, ``seconds`` (training time of the
+      epoch), ``train_loss`` and ``valid_ndcg@K`` and ``valid_loss``.
+    """
+    train = RankingQueries(*(jnp.asarray(a) for a in (train.features, train.labels, train.mask)))
+    valid = RankingQueries(*(jnp.asarray(a) for a in (valid.features, valid.labels, valid.mask)))
+    n_docs = train.features.shape[1]
+    if valid.features.shape[2] != train.features.shape[2]:
+        raise ValueError(f"valid has {valid.features.shape[2]} features, train {train.features.shape[2]}")
+    if config.cutoff > min(n_docs, valid.features.shape[1]):
+        raise ValueError(f"cutoff K={config.cutoff} exceeds the padded query size {min(n_docs, valid.features.shape[1])}")
+    theta = metrics.dcg_weights(config.cutoff)
+    model = MLPScorer(hidden=tuple(config.hidden))
+    optimizer = optax.adamax(config.learning_rate)
+    objective = _objective(config, theta)
+    rho_train = ideal_normalized_gains(train.labels, train.mask, config.cutoff)
+    rho_valid = ideal_normalized_gains(valid.labels, valid.mask, config.cutoff)
+
+    def masked_logits(params, features, mask):
+        return jnp.where(mask, model.apply(params, features), -jnp.inf)
+
+    def batch_loss(params, features, rho, mask, key):
+        return jnp.mean(objective(masked_logits(params, features, mask), rho, mask, key))
+
+    @jax.jit
+    def step(params, opt_state, features, rho, mask, key):
+        loss, grads = jax.value_and_grad(batch_loss)(params, features, rho, mask, key)
+        # optax's bias correction mixes Python floats and int32 counts: not valid under
+        # jax_numpy_dtype_promotion="strict", which users (and our tests) may set.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @jax.jit
+    def evaluate(params, key):
+        logits = masked_logits(params, valid.features, valid.mask)
+        ndcg = metrics.ndcg_at_k(logits, valid.labels, config.cutoff, where=valid.mask)
+        return jnp.mean(ndcg), jnp.mean(objective(logits, rho_valid, valid.mask, key))
+
+    key, k_init = jax.random.split(key)
+    params = model.init(k_init, train.features[:1])
+    opt_state = optimizer.init(params)
+    n_train = train.features.shape[0]
+    batch = min(config.batch_queries, n_train)
+    history: list[dict[str, float]] = []
+    for epoch in range(1, config.epochs + 1):
+        key, k_perm, k_eval = jax.random.split(key, 3)
+        order = np.asarray(jax.random.permutation(k_perm, n_train))
+        start_time = time.perf_counter()
+        losses = []
+        for start in range(0, n_train - batch + 1, batch):  # fixed batch shape: one compile
+            idx = order[start : start + batch]
+            key, k_step = jax.random.split(key)
+            params, opt_state, loss = step(params, opt_state, train.features[idx], rho_train[idx], train.mask[idx], k_step)
+            losses.append(loss)
+        train_loss = float(jnp.mean(jnp.stack(losses)))
+        seconds = time.perf_counter() - start_time
+        ndcg, valid_loss = evaluate(params, k_eval)
+        record = {
+            "epoch": epoch,
+            "seconds": seconds,
+            "train_loss": train_loss,
+            f"valid_ndcg@{config.cutoff}": float(ndcg),
+            "valid_loss": float(valid_loss),
+        }
+        history.append(record)
+        if progress is not None:
+            progress(record)
+    return LTRResult(params, history)
