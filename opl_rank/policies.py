@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MLPScorer"]
+__all__ = ["MLPScorer", "ActionScorer"]
 
 
 class MLPScorer(nn.Module):
@@ -40,3 +40,29 @@ class MLPScorer(nn.Module):
         for width in self.hidden:
             x = nn.relu(nn.Dense(width)(x))
         return nn.Dense(1)(x)[..., 0]
+
+
+class ActionScorer(nn.Module):
+    """Per-action head over a fixed action set: ``[.., dx] -> [.., D]`` logits.
+
+    ``hidden=()`` is linear (``theta_a^T x + b_a``, the form of the synthetic environment);
+    otherwise a ReLU MLP with a D-way output.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> model = ActionScorer(n_items=4)
+      >>> params = model.init(jax.random.key(0), jnp.zeros((1, 5)))
+      >>> model.apply(params, jnp.ones((3, 5))).shape
+      (3, 4)
+    """
+
+    n_items: int
+    hidden: Sequence[int] = ()
+
+    @nn.compact
+    def __call__(self, context: jax.Array) -> jax.Array:
+        """``[.., dx]`` -> ``[.., D]``."""
+        x = context.astype(jnp.float32)
+        for width in self.hidden:
+            x = nn.relu(nn.Dense(width)(x))
+        return nn.Dense(self.n_items)(x)

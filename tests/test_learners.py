@@ -1,0 +1,114 @@
+"""Learners end to end on the synthetic environment, and their degenerate inputs."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from opl_rank import LoggedData, make_key
+from opl_rank.learners import LearnerConfig, PLPolicy, RegressionPolicy, TwoStagePolicy, fit
+from opl_rank.optimization import TrainConfig
+from simulators import SyntheticRankingEnv
+
+TRAIN = TrainConfig(epochs=15, batch_size=256, learning_rate=5e-2)
+REWARD = TrainConfig(epochs=20, batch_size=256, learning_rate=3e-2)
+
+
+@pytest.fixture(scope="module")
+def setting():
+    env = SyntheticRankingEnv.create(make_key(0), n_items=5, ranking_length=3, lam=0.5)
+    data = env.sample_logged_data(make_key(1), 3000, position_marginals="exact")
+    v0 = env.logging_policy_value(make_key(2), 20_000)
+    return env, data, v0
+
+
+def _config(method, **kwargs):
+    return LearnerConfig(method, train=TRAIN, reward_train=REWARD, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _config("ips"),
+        _config("rips"),
+        _config("iips"),
+        _config("dr"),
+        _config("regression"),
+        _config("rpod", k=1),
+        _config("rpod", k=1, reward_model="pairwise"),
+    ],
+    ids=["ips", "rips", "iips", "dr", "regression", "rpod-1", "rpod-1-pairwise"],
+)
+def test_learned_policy_beats_the_logging_policy(setting, config):
+    env, data, v0 = setting
+    policy = fit(data, make_key(3), config)
+    value = env.policy_value(policy, make_key(4), 20_000)
+    assert value.value > v0.value + 4 * math.hypot(value.stderr, v0.stderr)
+
+
+def test_k_zero_is_regression_and_k_l_is_dr(setting):
+    env, data, _ = setting
+    x = env.sample_contexts(make_key(5), 100)
+    reg = fit(data, make_key(6), _config("regression"))
+    k0 = fit(data, make_key(6), _config("rpod", k=0))
+    assert isinstance(k0, RegressionPolicy)
+    np.testing.assert_array_equal(np.asarray(k0.sample(None, x)), np.asarray(reg.sample(None, x)))
+    dr = fit(data, make_key(6), _config("dr"))
+    k_l = fit(data, make_key(6), _config("rpod", k=3))
+    assert isinstance(dr, PLPolicy) and isinstance(k_l, PLPolicy)
+    np.testing.assert_allclose(np.asarray(dr.logits(x)), np.asarray(k_l.logits(x)), atol=1e-5)
+
+
+def test_two_stage_policy_log_prob_and_support(setting):
+    env, data, _ = setting
+    policy = fit(data, make_key(7), _config("rpod", k=2))
+    assert isinstance(policy, TwoStagePolicy)
+    x = env.sample_contexts(make_key(8), 50)
+    a = policy.sample(make_key(9), x)
+    assert bool(jnp.all(jnp.isfinite(policy.log_prob(x, a))))
+    swapped = a[:, jnp.array([0, 1, 2])].at[:, 2].set((a[:, 2] + 1) % 5)
+    off_support = jnp.any(swapped[:, 2:3] == a[:, :2], axis=-1) | (swapped[:, 2] != a[:, 2])
+    assert bool(jnp.all(jnp.where(off_support, policy.log_prob(x, swapped) == -jnp.inf, True)))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(method="greedy"), "method must be one of"),
+        (dict(method="rpod"), "rpod needs k"),
+        (dict(method="rpod", k=-1), "rpod needs k"),
+        (dict(method="ips", k=2), "k is only for method 'rpod'"),
+        (dict(method="dr", reward_model="forest"), "reward_model must be one of"),
+        (dict(method="dr", n_samples=1), "n_samples must be an int >= 2"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LearnerConfig(**kwargs)
+
+
+def test_k_above_l_and_missing_marginals_are_clear_errors(setting):
+    env, data, _ = setting
+    with pytest.raises(ValueError, match=r"k=4 must be in \[0, L=3\]"):
+        fit(data, make_key(0), _config("rpod", k=4))
+    no_marginals = env.sample_logged_data(make_key(10), 100)
+    with pytest.raises(ValueError, match="iips needs"):
+        fit(no_marginals, make_key(0), _config("iips"))
+
+
+def test_degenerate_inputs_give_finite_policies(setting):
+    env, data, _ = setting
+    x = env.sample_contexts(make_key(11), 20)
+    small = data.take(np.arange(50))  # fewer rows than a batch: full-data batches
+    zero = data.replace(reward=jnp.zeros_like(data.reward))  # nothing to learn: gradients are 0
+    extreme = data.replace(log_pi0_prefix=data.log_pi0_prefix * 100.0)  # propensities near 1e-300
+    for name, d in (("n < batch", small), ("all-zero rewards", zero), ("extreme propensities", extreme)):
+        for method in ("ips", "dr"):
+            policy = fit(d, make_key(12), _config(method))
+            assert bool(jnp.all(jnp.isfinite(policy.logits(x)))), (name, method)
+    init = fit(zero, make_key(12), dataclasses.replace(_config("ips"), train=TrainConfig(epochs=1, batch_size=256)))
+    untouched = fit(zero, make_key(12), _config("ips"))
+    np.testing.assert_allclose(np.asarray(untouched.logits(x)), np.asarray(init.logits(x)), atol=1e-6)
