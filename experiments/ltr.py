@@ -12,13 +12,15 @@ from typing import Any, Callable
 import yaml
 
 from experiments.config import build_dataclass, load_yaml, resolve_path
+from opl_rank.ltr_training import LTRConfig
 
 __all__ = ["LTRExperiment", "run_ltr"]
 
 
 @dataclasses.dataclass(frozen=True)
 class LTRExperiment:
-    """An ``ltr`` config: data, split and output, plus every :class:`LTRConfig` field."""
+    """An ``ltr`` config: data, split and output; the training keys (every
+    :class:`~opl_rank.ltr_training.LTRConfig` field) sit beside them, flat, in the YAML."""
 
     data: str
     normalize: str | None = "minmax"
@@ -26,15 +28,7 @@ class LTRExperiment:
     max_docs: int | None = None
     seed: int = 0
     output_dir: str | None = None
-    hidden: tuple[int, ...] = (1024, 512, 256)
-    learning_rate: float = 1e-3
-    batch_queries: int = 128
-    epochs: int = 10
-    estimator: str = "exposure"
-    n_samples: int = 100
-    baseline: bool = True
-    loss: str = "relevance"
-    cutoff: int = 10
+    training: LTRConfig = LTRConfig()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.valid_fraction < 1.0:
@@ -43,20 +37,22 @@ class LTRExperiment:
             raise ValueError(f"normalize must be null, 'minmax' or 'zscore', got {self.normalize!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        self.training_config()  # validates the training fields
-
-    def training_config(self):
-        from opl_rank.ltr_training import LTRConfig
-
-        names = {f.name for f in dataclasses.fields(LTRConfig)}
-        return LTRConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
 
 def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperiment:
+    """Read the YAML, apply ``--set`` overrides, split the keys between the experiment and
+    :class:`LTRConfig`, and validate both (unknown keys are errors)."""
     values = load_yaml(config_path)
     values.update(overrides)
-    experiment = build_dataclass(LTRExperiment, values, source=config_path)
-    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
+    training_keys = {f.name for f in dataclasses.fields(LTRConfig)}
+    own_keys = {f.name for f in dataclasses.fields(LTRExperiment)} - {"training"}
+    unknown = sorted(set(values) - training_keys - own_keys)
+    if unknown:
+        raise ValueError(f"{config_path}: unknown key(s) {unknown}; known keys: {sorted(training_keys | own_keys)}")
+    training = build_dataclass(LTRConfig, {k: v for k, v in values.items() if k in training_keys}, source=config_path)
+    own = {k: v for k, v in values.items() if k in own_keys}
+    experiment = build_dataclass(LTRExperiment, own, source=config_path)
+    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path), training=training)
 
 
 def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -67,7 +63,7 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -
 
     data = load_letor(experiment.data, normalize=experiment.normalize, max_docs=experiment.max_docs)
     train, valid = split_queries(data, (1.0 - experiment.valid_fraction, experiment.valid_fraction), seed=experiment.seed)
-    cfg = experiment.training_config()
+    cfg = experiment.training
     echo(
         f"ltr: {os.path.basename(experiment.data)}: {train.features.shape[0]} train / {valid.features.shape[0]} valid "
         f"queries, {data.features.shape[2]} features; estimator={cfg.estimator} loss={cfg.loss} N={cfg.n_samples} K={cfg.cutoff}"
@@ -97,8 +93,8 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -
         writer.writeheader()
         writer.writerows(history)
         atomic.atomic_write_text(os.path.join(out, "history.csv"), buf.getvalue())
-        resolved = dataclasses.asdict(experiment)
-        resolved["hidden"] = list(resolved["hidden"])
+        resolved = {k: v for k, v in dataclasses.asdict(experiment).items() if k != "training"}
+        resolved.update(dataclasses.asdict(cfg), hidden=list(cfg.hidden))
         atomic.atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
         atomic.atomic_write_text(os.path.join(out, "summary.json"), json.dumps(summary, indent=2) + "\n")
         summary["output_dir"] = out
