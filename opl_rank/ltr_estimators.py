@@ -94,9 +94,13 @@ class _Samples:
         lp = self.log_prefix()
         return jnp.concatenate([jnp.zeros_like(lp[..., :1]), lp[..., :-1]], axis=-1)
 
+    def log_placement(self) -> jax.Array:
+        """``[N, .., K, D]`` log pi(d | y_{1:k-1}); ``-inf`` exactly where d is unavailable."""
+        return pl.placement_log_probs(self.logits, self.rankings, where=self.where)
+
     def placement(self) -> jax.Array:
         """``[N, .., K, D]`` pi(d | y_{1:k-1})."""
-        return jnp.exp(pl.placement_log_probs(self.logits, self.rankings, where=self.where))
+        return jnp.exp(self.log_placement())
 
     def ranked(self, per_item: jax.Array) -> jax.Array:
         """``[.., D] -> [N, .., K]`` values of the ranked documents (0 at padding slots)."""
@@ -232,14 +236,14 @@ def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=Tr
     """
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
-    place = s.placement()  # [N, .., K, D]
+    log_place = s.log_placement()  # [N, .., K, D]
+    place = jnp.exp(log_place)
     log_before = s.log_prefix_before()  # [N, .., K]
     theta = position_weight.astype(jnp.float32)
     if corrected:
-        # Outcome K+1: d is not placed at K given y_{1:K-1} (d not already placed, d valid).
-        one_hot = pl.one_hot_rankings(s.rankings[..., :-1], logits.shape[-1])
-        already = jnp.any(jnp.logical_and(one_hot, s.slot_valid[..., :-1, None]), axis=-2)
-        out = jnp.where(jnp.logical_and(s.valid, ~already), 1.0 - place[..., -1, :], 0.0)
+        # Outcome K+1: d not placed at K given y_{1:K-1}, for d still available there
+        # (valid and not in y_{1:K-1}: exactly where the last log-placement is finite).
+        out = jnp.where(jnp.isfinite(log_place[..., -1, :]), 1.0 - place[..., -1, :], 0.0)
         place = jnp.concatenate([place, out[..., None, :]], axis=-2)  # [N, .., K+1, D]
         log_before = jnp.concatenate([log_before, log_before[..., -1:]], axis=-1)
         theta = jnp.concatenate([theta, jnp.zeros((1,), jnp.float32)])

@@ -254,12 +254,9 @@ def placement_log_probs(
     ranked = jnp.where(slot_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)
     factor = slot_log_probs(logits, rankings, where=where)
     logits_safe = jnp.where(valid, logits, 0.0)[..., None, :]
-    precise = logits_safe - ranked[..., :, None] + factor[..., :, None]
-    # A padding slot (an invalid item ranked) normalises over what is left, if anything.
-    leftover = jnp.where(available, logits[..., None, :], _NEG_INF)
-    log_z = safe_logsumexp(leftover, axis=-1)[..., None]
-    plain = logits_safe - jnp.where(jnp.isfinite(log_z), log_z, 0.0)
-    out = jnp.where(slot_valid[..., None], precise, plain)
+    out = logits_safe - ranked[..., :, None] + factor[..., :, None]
+    # A padding slot (an invalid item ranked) has an all -inf row, as documented above.
+    available = jnp.logical_and(available, slot_valid[..., None])
     return jnp.where(available, jnp.minimum(out, 0.0), _NEG_INF)
 
 
