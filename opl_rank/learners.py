@@ -17,6 +17,7 @@ propensities cannot overflow float32; set ``math.inf`` to disable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Protocol
 
@@ -159,11 +160,16 @@ class LearnerConfig:
             raise ValueError(f"max_log_weight must be > 0, got {self.max_log_weight}")
 
 
-def _surrogate(config: LearnerConfig, module: ActionScorer, reward_model: RewardModel | None, k: int) -> Callable:
-    """``(params, batch, key) -> scalar`` loss: minus the mean per-round terms."""
+@functools.lru_cache(maxsize=128)
+def _surrogate(config: LearnerConfig, module: ActionScorer, reward_spec: tuple | None, k: int) -> Callable:
+    """``(params, batch, key, reward_params) -> scalar`` loss: minus the mean per-round terms.
+
+    One function object per (config, shapes): refits with other data, seeds or reward-model
+    parameters reuse the compiled training epoch.
+    """
     clip = config.max_log_weight
 
-    def terms(params, batch: LoggedData, key):
+    def terms(params, batch: LoggedData, key, reward_params):
         logits = module.apply(params, batch.context)
         args = (logits, batch.ranking, batch.reward)
         if config.method == "ips":
@@ -173,16 +179,18 @@ def _surrogate(config: LearnerConfig, module: ActionScorer, reward_model: Reward
         if config.method == "iips":
             return oe.iips_terms(*args, batch.log_pi0_position_marginal, batch.position_weight, max_log_weight=clip)
         # dr (k = L) and rpod
+        kind, reward_module, max_enumerated = reward_spec
+        reward_model = RewardModel(kind, reward_module, reward_params, batch.position_weight, max_enumerated)
         f_logged = reward_model.predict(batch.context, batch.ranking)
         n_slots = batch.ranking.shape[-1]
-        if k == n_slots and reward_model.kind == "additive":
+        if k == n_slots and kind == "additive":
             model = oe.additive_model_value(logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples)
         else:
             value_fn = lambda prefixes: reward_model.predict(batch.context, reward_model.complete(batch.context, prefixes))
             model = oe.ranking_model_value(logits, value_fn, k, key, config.n_samples)
         return oe.rpod_terms(*args, batch.log_pi0_prefix, batch.position_weight, k, f_logged, model, max_log_weight=clip)
 
-    return lambda params, batch, key: -jnp.mean(terms(params, batch, key))
+    return lambda params, batch, key, reward_params: -jnp.mean(terms(params, batch, key, reward_params))
 
 
 def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolicy:
@@ -217,8 +225,10 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
             return RegressionPolicy(reward_model)
     module = ActionScorer(n_items=data.n_items, hidden=tuple(config.policy_hidden))
     params = module.init(k_init, data.context[:1])
-    loss = _surrogate(config, module, reward_model, k)
-    params = minimize(loss, params, data, k_fit, config.train, valid=valid).params
+    reward_spec = None if reward_model is None else (reward_model.kind, reward_model.module, reward_model.max_enumerated)
+    loss = _surrogate(config, module, reward_spec, k)
+    aux = None if reward_model is None else reward_model.params
+    params = minimize(loss, params, data, k_fit, config.train, aux=aux, valid=valid).params
     first = PLPolicy(module, params, k)
     if config.method in ("dr",) or k == n_slots or reward_model is None:
         return first

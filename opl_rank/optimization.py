@@ -2,13 +2,16 @@
 
 An epoch is one jit-compiled call: the rows are shuffled and ``lax.scan`` runs the optax
 steps over fixed-size batches (the remainder of a shuffle is skipped, so every batch has
-the same shape and nothing recompiles). Optional early stopping on a validation loss keeps
-the best parameters.
+the same shape). The compiled epoch is cached per (loss function, learning rate, n, batch
+size): a second fit with the same loss function and shapes -- another seed, another
+``lambda``, another reward model's parameters passed as ``aux`` -- compiles nothing.
+Optional early stopping on a validation loss keeps the best parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -22,7 +25,7 @@ from opl_rank.data import LoggedData
 
 __all__ = ["TrainConfig", "TrainResult", "minimize"]
 
-LossFn = Callable[[Any, LoggedData, jax.Array], jax.Array]
+LossFn = Callable[[Any, LoggedData, jax.Array, Any], jax.Array]  # (params, batch, key, aux)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,45 +64,21 @@ class TrainResult(NamedTuple):
     history: list[dict[str, float]]  # epoch, train_loss, (valid_loss), seconds
 
 
-def minimize(
-    loss_fn: LossFn,
-    params: Any,
-    data: LoggedData,
-    key: jax.Array,
-    config: TrainConfig,
-    *,
-    valid: LoggedData | None = None,
-    valid_loss_fn: LossFn | None = None,
-) -> TrainResult:
-    """Minimise ``mean over batches of loss_fn(params, batch, key)`` with Adam.
-
-    Args:
-      loss_fn: ``(params, batch LoggedData, key) -> scalar``; jit-able.
-      params: initial parameters (any pytree).
-      data: training rows.
-      key: PRNG key (shuffles and the loss's own sampling).
-      config: :class:`TrainConfig`.
-      valid: optional validation rows for early stopping and monitoring.
-      valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
-
-    Returns:
-      :class:`TrainResult` with the final (or, with early stopping, best) parameters.
-    """
-    n = data.n_rounds
-    batch = min(config.batch_size, n)
+@functools.lru_cache(maxsize=256)
+def _epoch_runner(loss_fn: LossFn, learning_rate: float, n: int, batch: int) -> Callable:
+    """The jit-compiled epoch for one loss function and shape (cached across fits)."""
     n_batches = n // batch
-    optimizer = optax.adam(config.learning_rate)
-    valid_loss_fn = valid_loss_fn or loss_fn
+    optimizer = optax.adam(learning_rate)
 
     @jax.jit
-    def run_epoch(params, opt_state, data, key):
+    def run_epoch(params, opt_state, data, key, aux):
         k_perm, k_steps = jax.random.split(key)
         order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
 
         def step(carry, inputs):
             params, opt_state = carry
             idx, k = inputs
-            loss, grads = jax.value_and_grad(loss_fn)(params, data.take(idx), k)
+            loss, grads = jax.value_and_grad(loss_fn)(params, data.take(idx), k, aux)
             # optax mixes Python floats and int32 counts: fine under standard promotion only.
             with jax.numpy_dtype_promotion("standard"):
                 updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -108,7 +87,45 @@ def minimize(
         (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (order, jax.random.split(k_steps, n_batches)))
         return params, opt_state, jnp.mean(losses)
 
-    evaluate = jax.jit(valid_loss_fn)
+    return optimizer, run_epoch
+
+
+@functools.lru_cache(maxsize=256)
+def _evaluator(loss_fn: LossFn) -> Callable:
+    return jax.jit(loss_fn)
+
+
+def minimize(
+    loss_fn: LossFn,
+    params: Any,
+    data: LoggedData,
+    key: jax.Array,
+    config: TrainConfig,
+    *,
+    aux: Any = None,
+    valid: LoggedData | None = None,
+    valid_loss_fn: LossFn | None = None,
+) -> TrainResult:
+    """Minimise ``mean over batches of loss_fn(params, batch, key, aux)`` with Adam.
+
+    Args:
+      loss_fn: ``(params, batch LoggedData, key, aux) -> scalar``; jit-able. Pass the same
+        function object across fits to reuse its compilation.
+      params: initial parameters (any pytree).
+      data: training rows.
+      key: PRNG key (shuffles and the loss's own sampling).
+      config: :class:`TrainConfig`.
+      aux: extra arrays the loss reads (e.g. a fitted reward model's parameters).
+      valid: optional validation rows for early stopping and monitoring.
+      valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
+
+    Returns:
+      :class:`TrainResult` with the final (or, with early stopping, best) parameters.
+    """
+    n = data.n_rounds
+    batch = min(config.batch_size, n)
+    optimizer, run_epoch = _epoch_runner(loss_fn, float(config.learning_rate), n, batch)
+    evaluate = _evaluator(valid_loss_fn or loss_fn)
     opt_state = optimizer.init(params)
     best = (math.inf, params)
     history: list[dict[str, float]] = []
@@ -116,10 +133,10 @@ def minimize(
     for epoch in range(1, config.epochs + 1):
         key, k_epoch, k_valid = jax.random.split(key, 3)
         start = time.perf_counter()
-        params, opt_state, train_loss = run_epoch(params, opt_state, data, k_epoch)
+        params, opt_state, train_loss = run_epoch(params, opt_state, data, k_epoch, aux)
         record = {"epoch": epoch, "train_loss": float(train_loss), "seconds": time.perf_counter() - start}
         if valid is not None:
-            record["valid_loss"] = float(evaluate(params, valid, k_valid))
+            record["valid_loss"] = float(evaluate(params, valid, k_valid, aux))
         if not math.isfinite(record["train_loss"]):
             raise FloatingPointError(f"training loss became {record['train_loss']} at epoch {epoch}")
         history.append(record)

@@ -16,6 +16,7 @@ slot's reward (``target="slots"``), with the shared loop of :mod:`opl_rank.optim
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any, Sequence
@@ -181,13 +182,19 @@ def fit_reward_model(
     module = _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(kind == "pairwise"))
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
-    alpha = data.position_weight
+    params = minimize(_least_squares(module, target), params, data, k_fit, config, valid=valid).params
+    return RewardModel(kind, module, params, data.position_weight, max_enumerated)
 
-    def loss(params, batch, key):
+
+@functools.lru_cache(maxsize=64)
+def _least_squares(module: _SlotValues, target: str):
+    """Eq. 12's loss for one model shape (one function object: compiled once, reused)."""
+
+    def loss(params, batch, key, aux):
+        alpha = batch.position_weight
         h = module.apply(params, batch.context, batch.ranking)
         if target == "sum":
             return jnp.mean((batch.reward @ alpha - h @ alpha) ** 2)
         return jnp.mean(jnp.sum((batch.reward - h) ** 2, axis=-1))
 
-    params = minimize(loss, params, data, k_fit, config, valid=valid).params
-    return RewardModel(kind, module, params, alpha, max_enumerated)
+    return loss

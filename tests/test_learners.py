@@ -112,3 +112,18 @@ def test_degenerate_inputs_give_finite_policies(setting):
     init = fit(zero, make_key(12), dataclasses.replace(_config("ips"), train=TrainConfig(epochs=1, batch_size=256)))
     untouched = fit(zero, make_key(12), _config("ips"))
     np.testing.assert_allclose(np.asarray(untouched.logits(x)), np.asarray(init.logits(x)), atol=1e-6)
+
+
+def test_refitting_with_new_data_lambda_or_seed_does_not_recompile(setting, caplog):
+    env, data, _ = setting
+    config = _config("rpod", k=1)
+    fit(data, make_key(20), config)  # compiles the reward-model and first-stage epochs
+    other = env.with_lambda(0.9).sample_logged_data(make_key(21), data.n_rounds, position_marginals="exact")
+    with jax.log_compiles(True):
+        caplog.clear()
+        fit(other, make_key(22), config)  # new lambda, data and seed; same shapes
+    compiled = lambda: [r.getMessage() for r in caplog.records if "Compiling jit(run_epoch)" in r.getMessage()]
+    assert compiled() == []
+    with jax.log_compiles(True):  # the detector works: a new n is a new shape
+        fit(other.take(np.arange(1000)), make_key(23), config)
+    assert len(compiled()) >= 1
