@@ -4,6 +4,7 @@ Subcommands:
   simulate   draw a synthetic environment, log a data set with its logging policy and print
              a summary (sizes, logging policy value, reward statistics, propensity ranges).
   ltr        train a PL ranker on a LETOR file with a policy-gradient estimator (YAML config).
+  sweep      the synthetic OPL benchmark: every method and k over lambda, n, D, L, tau, seeds.
 
 Kept short: parsing and printing only; everything else is a library call.
 """
@@ -82,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     ltr.add_argument("--config", required=True, help="YAML config (see experiments/configs/ltr_exposure.yaml)")
     ltr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
     ltr.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="OPL benchmark grid (resumable)",
+        description="Run every (D, L, tau, lambda, n, seed) cell of a YAML config: fit each method "
+        "(and R-POD for each k) on logged data and record V(pi), V(pi_0), V* and the normalised gain. "
+        "Finished cells are skipped on a rerun.",
+    )
+    sweep.add_argument("--config", required=True, help="YAML config (see experiments/configs/synthetic_opl.yaml)")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
+    sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
     return parser
 
 
@@ -130,6 +142,14 @@ def _ltr(args: argparse.Namespace) -> dict[str, Any]:
     return run_ltr(experiment, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print)
 
 
+def _sweep(args: argparse.Namespace) -> dict[str, Any]:
+    from experiments.config import parse_overrides
+    from experiments.opl_sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.config, parse_overrides(args.set))
+    return run_sweep(sweep, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+
+
 def _print_summary(summary: dict[str, Any]) -> None:
     width = max(len(k) for k in summary)
     for name, value in summary.items():
@@ -151,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _simulate(args)
         elif args.command == "ltr":
             summary = _ltr(args)
+        elif args.command == "sweep":
+            summary = _sweep(args)
         else:  # pragma: no cover - argparse rejects unknown subcommands
             parser.error(f"unknown command {args.command!r}")
     except (ValueError, TypeError, RuntimeError) as err:

@@ -1,0 +1,207 @@
+"""``opl-rank sweep``: the R-POD paper's synthetic OPL benchmark over k, lambda, n, D, L, tau, seeds.
+
+A cell is one (D, L, tau, lambda, n, seed): one environment, one logged data set, every
+method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared set of
+evaluation contexts (paired comparisons). Each finished cell is written atomically as
+``cells/<cell>.json``; a stopped sweep resumes and skips finished cells. At the end all
+rows are gathered into ``results.csv`` (one tidy row per method, k, reward model and cell)
+next to the resolved ``config.yaml``.
+
+Rows for R-POD at k = 0 and k = L reuse the regression and DR fits of the same cell: they
+are the same estimators (k = 0 is regression, k = L is DR), fitted with the same key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import time
+import typing
+from typing import Any, Callable
+
+import yaml
+
+from experiments.config import build_dataclass, load_yaml
+
+__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows"]
+
+_POLICY_METHODS = ("ips", "iips", "rips")
+_MODEL_METHODS = ("dr", "regression", "rpod")
+
+
+@dataclasses.dataclass(frozen=True)
+class OPLSweep:
+    """A sweep config (every grid key takes a list)."""
+
+    n_items: tuple[int, ...] = (10,)
+    ranking_length: tuple[int, ...] = (5,)
+    tau: tuple[float, ...] = (1.0,)
+    lam: tuple[float, ...] = (0.0, 0.5, 1.0)
+    n: tuple[int, ...] = (1000, 2000, 4000, 8000)
+    seeds: tuple[int, ...] = tuple(range(10))
+    methods: tuple[str, ...] = ("ips", "dr", "iips", "rips", "regression", "rpod")
+    ks: tuple[int, ...] | None = None  # R-POD's k; None: every k in 0..L
+    reward_models: tuple[str, ...] = ("additive", "pairwise")
+    sigma: float = 0.5
+    interaction_scale: float = 1.0
+    eval_contexts: int = 20_000
+    policy_epochs: int = 30
+    policy_learning_rate: float = 0.05
+    reward_epochs: int = 60
+    reward_learning_rate: float = 0.02
+    batch_size: int = 256
+    n_samples: int = 8
+    output_dir: str = "results/opl_synthetic"
+
+    def __post_init__(self) -> None:
+        from opl_rank.learners import METHODS
+        from opl_rank.reward_models import REWARD_MODEL_KINDS
+
+        for name in ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "reward_models"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        unknown = sorted(set(self.methods) - set(METHODS))
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; known: {list(METHODS)}")
+        unknown = sorted(set(self.reward_models) - set(REWARD_MODEL_KINDS))
+        if unknown:
+            raise ValueError(f"unknown reward model(s) {unknown}; known: {list(REWARD_MODEL_KINDS)}")
+        if any(not 0.0 <= v <= 1.0 for v in self.lam):
+            raise ValueError(f"lam values must be in [0, 1], got {self.lam}")
+        if any(v <= 0 for v in self.tau):
+            raise ValueError(f"tau values must be > 0, got {self.tau}")
+        if any(v < 1 for v in self.n) or any(s < 0 for s in self.seeds):
+            raise ValueError("n values must be >= 1 and seeds >= 0")
+        if any(l > d for d in self.n_items for l in self.ranking_length):
+            raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
+        if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
+            raise ValueError(f"ks must be in [0, L], got {self.ks}")
+
+
+def _as_grid(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Scalars become one-element lists; ``"a,b"`` strings (from ``--set``) become lists."""
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for name, value in values.items():
+        if "tuple" in str(hints.get(name, "")):
+            if isinstance(value, str) and "," in value:
+                value = [yaml.safe_load(v) for v in value.split(",")]
+            if value is not None and not isinstance(value, (list, tuple)):
+                value = [value]
+            out[name] = value
+    return out
+
+
+def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
+    values = load_yaml(config_path)
+    values.update(overrides)
+    return build_dataclass(OPLSweep, _as_grid(OPLSweep, values), source=config_path)
+
+
+def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
+    """Every (D, L, tau, lambda, n, seed) cell, in a stable order."""
+    grid = itertools.product(sweep.n_items, sweep.ranking_length, sweep.tau, sweep.lam, sweep.seeds, sweep.n)
+    return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n) for d, l, t, lam, s, n in grid]
+
+
+def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, int | None, str]]:
+    """(method, k, reward model) of every row of a cell."""
+    rows: list[tuple[str, int | None, str]] = []
+    for method in sweep.methods:
+        if method in _POLICY_METHODS:
+            rows.append((method, None, "-"))
+        for kind in sweep.reward_models if method in _MODEL_METHODS else ():
+            if method == "rpod":
+                ks = sweep.ks if sweep.ks is not None else range(n_slots + 1)
+                rows.extend(("rpod", k, kind) for k in ks)
+            else:
+                rows.append((method, None, kind))
+    return rows
+
+
+def _cell_name(cell: dict[str, Any]) -> str:
+    return "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
+
+
+def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
+    from opl_rank import prng
+    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.optimization import TrainConfig
+    from simulators import SyntheticRankingEnv
+
+    k_env, k_data, k_eval, k_fit = prng.split_seed(cell["seed"], 4)
+    env = SyntheticRankingEnv.create(
+        k_env, n_items=cell["D"], ranking_length=cell["L"], lam=cell["lam"], sigma=sweep.sigma,
+        interaction_scale=sweep.interaction_scale, logging_temperature=cell["tau"],
+    )
+    need_marginals = "iips" in sweep.methods
+    data = env.sample_logged_data(k_data, cell["n"], position_marginals="exact" if need_marginals else "none")
+    v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
+    v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
+    train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
+    reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
+    done: dict[tuple[str, int | None, str], tuple[Any, float]] = {}
+    rows = []
+    for method, k, kind in method_rows(sweep, cell["L"]):
+        # R-POD at k = 0 / k = L is regression / DR: reuse those fits when present.
+        alias = {0: ("regression", None, kind), cell["L"]: ("dr", None, kind)}.get(k) if method == "rpod" else None
+        key = alias if alias in done else (method, k, kind)
+        if key not in done:
+            cfg = LearnerConfig(
+                key[0], k=key[1], reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
+                train=train, reward_train=reward,
+            )
+            start = time.perf_counter()
+            policy = fit(data, k_fit, cfg)
+            done[key] = (env.policy_value(policy, k_eval, sweep.eval_contexts), time.perf_counter() - start)
+        value, seconds = done[key]
+        gap = v_star.value - v0.value
+        rows.append({
+            "simulator": "synthetic", "method": method, "k": k, "reward_model": kind,
+            "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
+            "V": value.value, "V_se": value.stderr, "V0": v0.value, "V_star": v_star.value, "V_star_method": star_method,
+            "normalized_gain": (value.value - v0.value) / gap if gap > 0 else math.nan,
+            "fit_seconds": seconds,
+        })
+    return rows
+
+
+def run_sweep(sweep: OPLSweep, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``."""
+    from opl_rank.atomic import atomic_write_text
+
+    out = sweep.output_dir
+    os.makedirs(os.path.join(out, "cells"), exist_ok=True)
+    resolved = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
+    atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
+    todo = cells(sweep)
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    start = time.perf_counter()
+    for i, cell in enumerate(todo, 1):
+        path = os.path.join(out, "cells", _cell_name(cell) + ".json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                rows.extend(json.load(f))
+            skipped += 1
+            continue
+        cell_start = time.perf_counter()
+        cell_rows = _run_cell(sweep, cell)
+        atomic_write_text(path, json.dumps(cell_rows))
+        rows.extend(cell_rows)
+        best = max(cell_rows, key=lambda r: r["V"])
+        echo(
+            f"[{i}/{len(todo)}] {_cell_name(cell)}: V0 {cell_rows[0]['V0']:.3f} V* {cell_rows[0]['V_star']:.3f} "
+            f"best {best['method']}{'' if best['k'] is None else '(k=' + str(best['k']) + ')'}/{best['reward_model']} "
+            f"{best['V']:.3f}  {time.perf_counter() - cell_start:.1f}s"
+        )
+    columns = list(rows[0])
+    lines = [",".join(columns)] + [",".join("" if r[c] is None else str(r[c]) for c in columns) for r in rows]
+    atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
+    return {
+        "cells": len(todo), "resumed": skipped, "rows": len(rows), "seconds": time.perf_counter() - start,
+        "results": os.path.join(out, "results.csv"),
+    }
