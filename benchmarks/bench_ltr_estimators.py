@@ -124,15 +124,7 @@ QUICK = Sizes(
 
 
 # -- timing ------------------------------------------------------------------------------------
-def seconds(fn: Callable[[], object]) -> float:
-    """Wall-clock seconds of one call."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    return min(seconds(fn) for _ in range(repeats))
+from _timing import best_of, seconds  # noqa: E402  (benchmarks/ is the script folder)
 
 
 # -- part 1: training epochs -------------------------------------------------------------------

@@ -62,7 +62,6 @@ import itertools
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -131,15 +130,7 @@ QUICK = Sizes(
 
 
 # -- timing --------------------------------------------------------------------------------
-def seconds(fn: Callable[[], object]) -> float:
-    """Wall-clock seconds of one call."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    return min(seconds(fn) for _ in range(repeats))
+from _timing import best_of, seconds  # noqa: E402  (benchmarks/ is the script folder)
 
 
 # -- the two simulators ----------------------------------------------------------------------

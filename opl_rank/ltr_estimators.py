@@ -48,13 +48,14 @@ __all__ = [
     "plrank3_utility",
     "sampled_policy_gradient",
     "leave_one_out_mean",
+    "magic_box",
 ]
 
 sg = jax.lax.stop_gradient
 
 
-def _magic_box(value: jax.Array, surrogate: jax.Array) -> jax.Array:
-    """Value of ``value``, gradient of ``surrogate``."""
+def magic_box(value: jax.Array, surrogate: jax.Array) -> jax.Array:
+    """Value of ``value``, gradient of ``surrogate`` (``sg(v) + s - sg(s)``)."""
     return sg(value) + surrogate - sg(surrogate)
 
 
@@ -153,7 +154,7 @@ def standard_utility(logits, relevance, position_weight, key, n_samples, *, wher
     utility = jnp.sum(s.ranked(relevance) * _expand(position_weight, s.rankings), axis=-1)  # [N, ..]
     advantage = utility - leave_one_out_mean(utility) if baseline else utility
     surrogate = jnp.mean(sg(advantage) * s.log_prefix()[..., -1], axis=0)
-    return _magic_box(jnp.mean(utility, axis=0), surrogate)
+    return magic_box(jnp.mean(utility, axis=0), surrogate)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
@@ -166,7 +167,7 @@ def placement_utility(logits, relevance, position_weight, key, n_samples, *, whe
     rho = s.ranked(relevance)  # [N, .., K]
     advantage = rho - leave_one_out_mean(rho) if baseline else rho
     surrogate = jnp.mean(jnp.sum(sg(theta * advantage) * s.log_prefix(), axis=-1), axis=0)
-    return _magic_box(jnp.mean(jnp.sum(theta * rho, axis=-1), axis=0), surrogate)
+    return magic_box(jnp.mean(jnp.sum(theta * rho, axis=-1), axis=0), surrogate)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
@@ -185,7 +186,7 @@ def marginalize_first_utility(logits, relevance, position_weight, key, n_samples
     rest_theta = theta[..., 1:]
     surrogate_rest = jnp.mean(jnp.sum(sg(rest_theta * advantage) * s.log_prefix()[..., 1:], axis=-1), axis=0)
     rest_value = jnp.mean(jnp.sum(rest_theta * rho, axis=-1), axis=0)
-    return _magic_box(first_value + rest_value, first_value + surrogate_rest)
+    return magic_box(first_value + rest_value, first_value + surrogate_rest)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
@@ -201,7 +202,7 @@ def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, 
     theta = _expand(position_weight, expected)
     score = place + sg(place) * s.log_prefix_before()[..., None]
     surrogate = jnp.mean(jnp.sum(theta * jnp.sum(sg(rel - b) * score, axis=-1), axis=-1), axis=0)
-    return _magic_box(jnp.mean(jnp.sum(theta * expected, axis=-1), axis=0), surrogate)
+    return magic_box(jnp.mean(jnp.sum(theta * expected, axis=-1), axis=0), surrogate)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline", "corrected"))
@@ -252,7 +253,7 @@ def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=Tr
     b = leave_one_out_mean(per_sample)[..., None, :] if baseline else 0.0
     score = place + sg(place) * log_before[..., None]
     surrogate = jnp.mean(jnp.sum(sg(theta_b - b) * score, axis=-2), axis=0)
-    return _magic_box(jnp.mean(per_sample, axis=0), surrogate)
+    return magic_box(jnp.mean(per_sample, axis=0), surrogate)
 
 
 def exposure_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True, corrected=True):
@@ -383,7 +384,7 @@ def sampled_policy_gradient(
         raise ValueError(f"reward_fn returned shape {reward.shape}; expected {s.rankings.shape[:-1]}")
     advantage = reward - leave_one_out_mean(reward) if baseline else reward
     surrogate = jnp.mean(advantage * s.log_prefix()[..., -1], axis=0)
-    return _magic_box(jnp.mean(reward, axis=0), surrogate)
+    return magic_box(jnp.mean(reward, axis=0), surrogate)
 
 
 ESTIMATORS: dict[str, Callable[..., jax.Array]] = {

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from opl_rank import ltr_estimators
+from opl_rank.ltr_estimators import magic_box
 from opl_rank import plackett_luce as pl
 
 __all__ = [
@@ -53,10 +54,6 @@ def _weight(log_pi: jax.Array, log_pi0: jax.Array, max_log_weight: float) -> jax
     return sg(jnp.exp(jnp.minimum(log_pi - log_pi0, max_log_weight)))
 
 
-def _magic_box(value: jax.Array, surrogate: jax.Array) -> jax.Array:
-    return sg(value) + surrogate - sg(surrogate)
-
-
 def ips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, where=None, max_log_weight=jnp.inf):
     """Per-round IPS: ``w(x, a) R``, gradient ``w R grad log pi(a | x)``.
 
@@ -75,7 +72,7 @@ def ips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, where
     log_pi = pl.prefix_log_probs(logits, ranking, where=where)[..., -1]
     w = _weight(log_pi, log_pi0_prefix[..., -1], max_log_weight)
     r = weighted_reward(reward, position_weight)
-    return _magic_box(w * r, w * r * log_pi)
+    return magic_box(w * r, w * r * log_pi)
 
 
 def rips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, where=None, max_log_weight=jnp.inf):
@@ -86,7 +83,7 @@ def rips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, wher
     log_pi = pl.prefix_log_probs(logits, ranking, where=where)  # [n, L]
     w = _weight(log_pi, log_pi0_prefix, max_log_weight)
     terms = w * reward * position_weight[None, :]
-    return _magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_pi, axis=-1))
+    return magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_pi, axis=-1))
 
 
 def iips_terms(logits, ranking, reward, log_pi0_position_marginal, position_weight, *, where=None, max_log_weight=jnp.inf):
@@ -114,7 +111,7 @@ def iips_terms(logits, ranking, reward, log_pi0_position_marginal, position_weig
     log_marginal = jnp.log(jnp.maximum(marginal, 1e-30))
     w = _weight(log_marginal, log_pi0_position_marginal, max_log_weight)
     terms = w * reward * position_weight[None, :]
-    return _magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_marginal, axis=-1))
+    return magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_marginal, axis=-1))
 
 
 def additive_model_value(logits, item_value, position_weight, key, n_samples, *, where=None, baseline=True):
@@ -166,7 +163,7 @@ def dr_terms(logits, ranking, reward, log_pi0_prefix, position_weight, f_hat_log
     log_pi = pl.prefix_log_probs(logits, ranking, where=where)[..., -1]
     w = _weight(log_pi, log_pi0_prefix[..., -1], max_log_weight)
     residual = weighted_reward(reward, position_weight) - sg(f_hat_logged)
-    return _magic_box(w * residual, w * residual * log_pi) + model_value
+    return magic_box(w * residual, w * residual * log_pi) + model_value
 
 
 def rpod_terms(logits, ranking, reward, log_pi0_prefix, position_weight, k, f_hat_logged, second_stage_value, *, where=None, max_log_weight=jnp.inf):
@@ -195,4 +192,4 @@ def rpod_terms(logits, ranking, reward, log_pi0_prefix, position_weight, k, f_ha
         return sg(residual) + second_stage_value  # w = 1 and no first-stage score function
     log_pi = pl.prefix_log_probs(logits, ranking[..., :k], where=where)[..., -1]
     w = _weight(log_pi, log_pi0_prefix[..., k - 1], max_log_weight)
-    return _magic_box(w * residual, w * residual * log_pi) + second_stage_value
+    return magic_box(w * residual, w * residual * log_pi) + second_stage_value

@@ -1,0 +1,18 @@
+"""Wall-clock helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+def seconds(fn: Callable[[], object]) -> float:
+    """Wall-clock seconds of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls (the least disturbed by other load)."""
+    return min(seconds(fn) for _ in range(repeats))
