@@ -3,7 +3,17 @@
 ``import opl_rank`` needs only jax, flax, optax and numpy.
 """
 
-from opl_rank import ltr_estimators, plackett_luce
+from opl_rank import (
+    exposure_losses,
+    learners,
+    ltr_estimators,
+    metrics,
+    opl_estimators,
+    optimization,
+    plackett_luce,
+    policies,
+    reward_models,
+)
 from opl_rank.data import LoggedData, dcg_position_weights, minibatches, train_val_split
 from opl_rank.plackett_luce import (
     PositionMarginals,
@@ -20,13 +30,21 @@ from opl_rank.plackett_luce import (
     slot_log_probs,
 )
 from opl_rank import prng
+from opl_rank.learners import LearnerConfig, fit
 from opl_rank.prng import make_key, split_seed
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "exposure_losses",
+    "learners",
     "ltr_estimators",
+    "metrics",
+    "opl_estimators",
+    "optimization",
     "plackett_luce",
+    "policies",
+    "reward_models",
     "LoggedData",
     "dcg_position_weights",
     "minibatches",
@@ -44,6 +62,8 @@ __all__ = [
     "sample_rankings",
     "slot_log_probs",
     "prng",
+    "LearnerConfig",
+    "fit",
     "make_key",
     "split_seed",
 ]
