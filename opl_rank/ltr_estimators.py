@@ -244,7 +244,9 @@ def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=Tr
     if corrected:
         # Outcome K+1: d not placed at K given y_{1:K-1}, for d still available there
         # (valid and not in y_{1:K-1}: exactly where the last log-placement is finite).
-        out = jnp.where(jnp.isfinite(log_place[..., -1, :]), 1.0 - place[..., -1, :], 0.0)
+        last = log_place[..., -1, :]
+        available = jnp.isfinite(last)
+        out = jnp.where(available, -jnp.expm1(jnp.where(available, last, 0.0)), 0.0)  # 1 - pi, precisely
         place = jnp.concatenate([place, out[..., None, :]], axis=-2)  # [N, .., K+1, D]
         log_before = jnp.concatenate([log_before, log_before[..., -1:]], axis=-1)
         theta = jnp.concatenate([theta, jnp.zeros((1,), jnp.float32)])
