@@ -16,3 +16,18 @@ def seconds(fn: Callable[[], object]) -> float:
 def best_of(fn: Callable[[], object], repeats: int) -> float:
     """The fastest of ``repeats`` calls (the least disturbed by other load)."""
     return min(seconds(fn) for _ in range(repeats))
+
+
+def environment() -> dict[str, object]:
+    """Versions and machine size, recorded in every benchmark's JSON line."""
+    import os
+
+    import jax
+    import numpy as np
+
+    return {
+        "jax_version": jax.__version__,
+        "jax_backend": jax.default_backend(),
+        "numpy_version": np.__version__,
+        "cpu_count": os.cpu_count(),
+    }

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script
 
-from _timing import seconds  # noqa: E402  (benchmarks/ is the script folder)
+from _timing import environment, seconds  # noqa: E402  (benchmarks/ is the script folder)
 
 from opl_rank import make_key  # noqa: E402
 from opl_rank import opl_estimators as oe  # noqa: E402
@@ -125,7 +124,7 @@ def main() -> None:
     summary = {"bench": "learners", "quick": args.quick, "n": n, "epochs": epochs}
     summary.update({f"{name}_{k}": round(v, 3) for name, t in fits.items() for k, v in t.items()})
     summary.update({k: round(v, 4) for k, v in epoch.items()})
-    summary.update(total_seconds=round(time.perf_counter() - start, 1), jax_version=jax.__version__, cpu_count=os.cpu_count())
+    summary.update(total_seconds=round(time.perf_counter() - start, 1), **environment())
     print(json.dumps(summary))
 
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -124,7 +123,7 @@ QUICK = Sizes(
 
 
 # -- timing ------------------------------------------------------------------------------------
-from _timing import best_of, seconds  # noqa: E402  (benchmarks/ is the script folder)
+from _timing import best_of, environment  # noqa: E402  (benchmarks/ is the script folder)
 
 
 # -- part 1: training epochs -------------------------------------------------------------------
@@ -444,10 +443,7 @@ def headline(sizes: Sizes, quick: bool, epochs, kernel: dict[str, float], total_
         summary[f"exact_max_z_grad_{name}"] = round(kernel[f"exact_z_grad_{name}"], 1)
     summary["kernel_checks_pass"] = checks_pass(kernel)
     summary["total_seconds"] = round(total_seconds, 1)
-    summary["jax_version"] = jax.__version__
-    summary["jax_backend"] = jax.default_backend()
-    summary["numpy_version"] = np.__version__
-    summary["cpu_count"] = os.cpu_count()
+    summary.update(environment())
     return summary
 
 

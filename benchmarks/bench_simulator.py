@@ -60,7 +60,6 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +129,7 @@ QUICK = Sizes(
 
 
 # -- timing --------------------------------------------------------------------------------
-from _timing import best_of, seconds  # noqa: E402  (benchmarks/ is the script folder)
+from _timing import best_of, environment, seconds  # noqa: E402  (benchmarks/ is the script folder)
 
 
 # -- the two simulators ----------------------------------------------------------------------
@@ -245,11 +244,8 @@ def headline(sizes: Sizes, quick: bool, results: dict[str, dict[str, float]], bi
     summary["n_D1000_L10"] = sizes.big_n
     summary["n_D1000_L10_warmup"] = sizes.big_warmup_n
     summary["meets_target_D1000_L10"] = None if quick else big["warm_seconds"] < TARGET_SECONDS_D1000
-    summary["jax_version"] = jax.__version__
-    summary["jax_backend"] = jax.default_backend()
     summary["obp_version"] = obp.__version__
-    summary["numpy_version"] = np.__version__
-    summary["cpu_count"] = os.cpu_count()
+    summary.update(environment())
     return summary
 
 

@@ -21,7 +21,6 @@ leave-one-out baselines, for any f_hat). Importance weights can be clipped at
 
 from __future__ import annotations
 
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

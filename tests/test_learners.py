@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import LoggedData, make_key
+from opl_rank import make_key
 from opl_rank.learners import LearnerConfig, PLPolicy, RegressionPolicy, TwoStagePolicy, fit
 from opl_rank.optimization import TrainConfig
 from simulators import SyntheticRankingEnv

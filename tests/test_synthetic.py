@@ -1,6 +1,5 @@
 """The synthetic environment against float64 loops, enumeration and its own ground truth."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
