@@ -178,8 +178,8 @@ def _surrogate(config: LearnerConfig, module: ActionScorer, reward_spec: tuple |
         if config.method == "iips":
             return oe.iips_terms(*args, batch.log_pi0_position_marginal, batch.position_weight, max_log_weight=clip)
         # dr (k = L) and rpod
-        kind, reward_module, max_enumerated = reward_spec
-        reward_model = RewardModel(kind, reward_module, reward_params, batch.position_weight, max_enumerated)
+        kind, reward_module, max_enumerated, beam_width = reward_spec
+        reward_model = RewardModel(kind, reward_module, reward_params, batch.position_weight, max_enumerated, beam_width)
         f_logged = reward_model.predict(batch.context, batch.ranking)
         n_slots = batch.ranking.shape[-1]
         if k == n_slots and kind == "additive":
@@ -224,7 +224,9 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
             return RegressionPolicy(reward_model)
     module = ActionScorer(n_items=data.n_items, hidden=tuple(config.policy_hidden))
     params = module.init(k_init, data.context[:1])
-    reward_spec = None if reward_model is None else (reward_model.kind, reward_model.module, reward_model.max_enumerated)
+    reward_spec = None
+    if reward_model is not None:
+        reward_spec = (reward_model.kind, reward_model.module, reward_model.max_enumerated, reward_model.beam_width)
     loss = _surrogate(config, module, reward_spec, k)
     aux = None if reward_model is None else reward_model.params
     params = minimize(loss, params, data, k_fit, config.train, aux=aux, valid=valid).params

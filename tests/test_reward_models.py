@@ -65,11 +65,28 @@ def test_completion_is_the_exact_argmax(fitted, kind, k):
 def test_greedy_completion_is_valid_and_never_better_than_exact(fitted):
     _, models, x = fitted
     exact = models["pairwise"]
-    greedy = dataclasses.replace(exact, max_enumerated=0)
+    greedy = dataclasses.replace(exact, max_enumerated=0, beam_width=1)
     empty = jnp.zeros((x.shape[0], 0), jnp.int32)
     g = np.asarray(greedy.complete(x, empty))
     assert all(len(set(row)) == 3 for row in g.tolist())
     assert np.all(np.asarray(greedy.predict(x, g)) <= np.asarray(exact.predict(x, exact.complete(x, empty))) + 1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_exhaustive_beam_search_is_the_exact_argmax(fitted, k):
+    # A beam as wide as the number of partial rankings keeps them all: it must find the
+    # same values as exact enumeration (and a narrow beam must still give valid rankings).
+    _, models, x = fitted
+    exact = models["pairwise"]
+    prefixes = pl.sample_rankings(make_key(12), jnp.zeros((x.shape[0], 6)), 3)[:, :k]
+    wide = dataclasses.replace(exact, max_enumerated=0, beam_width=120)
+    np.testing.assert_allclose(
+        np.asarray(wide.predict(x, wide.complete(x, prefixes))),
+        np.asarray(exact.predict(x, exact.complete(x, prefixes))), atol=1e-4,
+    )
+    narrow = np.asarray(dataclasses.replace(exact, max_enumerated=0, beam_width=3).complete(x, prefixes))
+    assert all(len(set(row)) == 3 for row in narrow.tolist())
+    np.testing.assert_array_equal(narrow[:, :k], np.asarray(prefixes))
 
 
 def test_completion_over_sample_axes(fitted):
