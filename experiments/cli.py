@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--config", required=True, help="YAML config (see experiments/configs/synthetic_opl.yaml)")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
+    sweep.add_argument("--backend", default="serial", choices=["serial", "processes"], help="where cells run (default: serial)")
+    sweep.add_argument("--workers", type=int, default=None, help="worker processes for --backend processes (default: CPU count)")
+    sweep.add_argument(
+        "--compilation-cache", default=None, metavar="DIR",
+        help="JAX persistent compilation cache (default: $OPL_RANK_JAX_CACHE or ~/.cache/opl_rank/jax; '' disables)",
+    )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
     return parser
 
@@ -146,8 +152,14 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.config import parse_overrides
     from experiments.opl_sweep import load_sweep, run_sweep
 
+    from experiments.executors import default_compilation_cache
+
     sweep = load_sweep(args.config, parse_overrides(args.set))
-    return run_sweep(sweep, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+    cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
+    return run_sweep(
+        sweep, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
+        backend=args.backend, workers=args.workers, compilation_cache=cache or None,
+    )
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ are the same estimators (k = 0 is regression, k = L is DR), fitted with the same
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -53,7 +54,7 @@ class OPLSweep:
     reward_epochs: int = 60
     reward_learning_rate: float = 0.02
     batch_size: int = 256
-    n_samples: int = 8
+    n_samples: int = 4
     output_dir: str = "results/opl_synthetic"
 
     def __post_init__(self) -> None:
@@ -126,21 +127,31 @@ def _cell_name(cell: dict[str, Any]) -> str:
     return "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
 
 
+@functools.lru_cache(maxsize=8)
+def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
+    """The cell's environment and its ground truth V(pi_0), V* (shared by every n)."""
+    from opl_rank import prng
+    from simulators import SyntheticRankingEnv
+
+    k_env, _, k_eval, _ = prng.split_seed(seed, 4)
+    env = SyntheticRankingEnv.create(
+        k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=sweep.sigma,
+        interaction_scale=sweep.interaction_scale, logging_temperature=tau,
+    )
+    v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
+    v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
+    return env, v0, v_star, star_method
+
+
 def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
     from opl_rank import prng
     from opl_rank.learners import LearnerConfig, fit
     from opl_rank.optimization import TrainConfig
-    from simulators import SyntheticRankingEnv
 
-    k_env, k_data, k_eval, k_fit = prng.split_seed(cell["seed"], 4)
-    env = SyntheticRankingEnv.create(
-        k_env, n_items=cell["D"], ranking_length=cell["L"], lam=cell["lam"], sigma=sweep.sigma,
-        interaction_scale=sweep.interaction_scale, logging_temperature=cell["tau"],
-    )
+    _, k_data, k_eval, k_fit = prng.split_seed(cell["seed"], 4)
+    env, v0, v_star, star_method = _environment(sweep, cell["D"], cell["L"], cell["tau"], cell["lam"], cell["seed"])
     need_marginals = "iips" in sweep.methods
     data = env.sample_logged_data(k_data, cell["n"], position_marginals="exact" if need_marginals else "none")
-    v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
-    v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
     reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
     done: dict[tuple[str, int | None, str], tuple[Any, float]] = {}
@@ -169,39 +180,78 @@ def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_sweep(sweep: OPLSweep, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``."""
+def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], out: str) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
+    """Run cells (one environment's, in practice) and write each atomically when done."""
+    from opl_rank.atomic import atomic_write_text
+
+    done = []
+    for cell in todo:
+        start = time.perf_counter()
+        rows = _run_cell(sweep, cell)
+        atomic_write_text(_cell_path(out, cell), json.dumps(rows))
+        done.append((cell, rows, time.perf_counter() - start))
+    return done
+
+
+def _cell_path(out: str, cell: dict[str, Any]) -> str:
+    return os.path.join(out, "cells", _cell_name(cell) + ".json")
+
+
+def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) -> str:
+    best = max(rows, key=lambda r: r["V"])
+    k = "" if best["k"] is None else f"(k={best['k']})"
+    return (
+        f"{_cell_name(cell)}: V0 {rows[0]['V0']:.3f} V* {rows[0]['V_star']:.3f} "
+        f"best {best['method']}{k}/{best['reward_model']} {best['V']:.3f}  {seconds:.1f}s"
+    )
+
+
+def run_sweep(
+    sweep: OPLSweep,
+    *,
+    echo: Callable[[str], None] = print,
+    backend: str = "serial",
+    workers: int | None = None,
+    compilation_cache: str | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
+
+    Cells of one environment (all n for a D, L, tau, lambda, seed) form one job, so its
+    ground truth is computed once; jobs run on ``backend`` (see :mod:`experiments.executors`).
+    """
+    from experiments.executors import run_jobs
     from opl_rank.atomic import atomic_write_text
 
     out = sweep.output_dir
     os.makedirs(os.path.join(out, "cells"), exist_ok=True)
     resolved = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
     atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
-    todo = cells(sweep)
-    rows: list[dict[str, Any]] = []
-    skipped = 0
+    every = cells(sweep)
+    todo = [cell for cell in every if not os.path.exists(_cell_path(out, cell))]
+    jobs: dict[tuple, list[dict[str, Any]]] = {}
+    for cell in todo:
+        jobs.setdefault(tuple(cell[k] for k in ("D", "L", "tau", "lam", "seed")), []).append(cell)
     start = time.perf_counter()
-    for i, cell in enumerate(todo, 1):
-        path = os.path.join(out, "cells", _cell_name(cell) + ".json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                rows.extend(json.load(f))
-            skipped += 1
-            continue
-        cell_start = time.perf_counter()
-        cell_rows = _run_cell(sweep, cell)
-        atomic_write_text(path, json.dumps(cell_rows))
-        rows.extend(cell_rows)
-        best = max(cell_rows, key=lambda r: r["V"])
-        echo(
-            f"[{i}/{len(todo)}] {_cell_name(cell)}: V0 {cell_rows[0]['V0']:.3f} V* {cell_rows[0]['V_star']:.3f} "
-            f"best {best['method']}{'' if best['k'] is None else '(k=' + str(best['k']) + ')'}/{best['reward_model']} "
-            f"{best['V']:.3f}  {time.perf_counter() - cell_start:.1f}s"
-        )
+    finished = len(every) - len(todo)
+
+    def report(job, results):
+        nonlocal finished
+        for cell, rows, seconds in results:
+            finished += 1
+            echo(f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)")
+
+    run_jobs(
+        _run_cells, [(sweep, group, out) for group in jobs.values()], report,
+        backend=backend, workers=workers, compilation_cache=compilation_cache,
+    )
+    rows: list[dict[str, Any]] = []
+    for cell in every:  # read back in grid order: the table does not depend on the backend
+        with open(_cell_path(out, cell), encoding="utf-8") as f:
+            rows.extend(json.load(f))
     columns = list(rows[0])
     lines = [",".join(columns)] + [",".join("" if r[c] is None else str(r[c]) for c in columns) for r in rows]
     atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
     return {
-        "cells": len(todo), "resumed": skipped, "rows": len(rows), "seconds": time.perf_counter() - start,
-        "results": os.path.join(out, "results.csv"),
+        "cells": len(every), "resumed": len(every) - len(todo), "rows": len(rows), "backend": backend,
+        "seconds": time.perf_counter() - start, "results": os.path.join(out, "results.csv"),
     }

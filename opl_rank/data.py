@@ -79,21 +79,17 @@ class LoggedData(struct.PyTreeNode):
         return self.n_rounds
 
     # -- rows ------------------------------------------------------------------------
+    def row_fields(self) -> dict[str, jax.Array]:
+        """The per-round arrays (leading axis ``n``) by field name; the rest is shared."""
+        names = ["context", "ranking", "reward", "log_pi0_prefix", "log_pi0_position_marginal", "item_mask"]
+        fields = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if self.item_features is not None and self.item_features.ndim == 3:
+            fields["item_features"] = self.item_features
+        return fields
+
     def take(self, rows: Any) -> "LoggedData":
         """The rounds ``rows`` (an index array, slice or bool mask) as a new LoggedData."""
-        per_row = {
-            "context": self.context[rows],
-            "ranking": self.ranking[rows],
-            "reward": self.reward[rows],
-            "log_pi0_prefix": self.log_pi0_prefix[rows],
-        }
-        if self.log_pi0_position_marginal is not None:
-            per_row["log_pi0_position_marginal"] = self.log_pi0_position_marginal[rows]
-        if self.item_mask is not None:
-            per_row["item_mask"] = self.item_mask[rows]
-        if self.item_features is not None and self.item_features.ndim == 3:
-            per_row["item_features"] = self.item_features[rows]
-        return self.replace(**per_row)
+        return self.replace(**{name: value[rows] for name, value in self.row_fields().items()})
 
     def summary(self) -> dict[str, Any]:
         """Plain-Python summary: sizes, reward statistics, propensity ranges."""

@@ -1,10 +1,11 @@
 """The one minibatch training loop shared by reward models and policy learners.
 
-An epoch is one jit-compiled call: the rows are shuffled and ``lax.scan`` runs the optax
-steps over fixed-size batches (the remainder of a shuffle is skipped, so every batch has
-the same shape). The compiled epoch is cached per (loss function, learning rate, n, batch
-size): a second fit with the same loss function and shapes -- another seed, another
-``lambda``, another reward model's parameters passed as ``aux`` -- compiles nothing.
+An epoch shuffles the rows, cuts them into fixed-size batches (the remainder of a shuffle
+is skipped, so every batch has the same shape) and runs the optax steps in jit-compiled
+chunks of ``STEPS_PER_CALL`` (a ``lax.scan``). The compiled chunk is cached per (loss
+function, learning rate, batch size) and does not depend on ``n``: a second fit with the
+same loss function -- another data set size, seed or ``lambda``, another reward model's
+parameters passed as ``aux`` -- compiles nothing.
 Optional early stopping on a validation loss keeps the best parameters.
 """
 
@@ -64,30 +65,59 @@ class TrainResult(NamedTuple):
     history: list[dict[str, float]]  # epoch, train_loss, (valid_loss), seconds
 
 
+STEPS_PER_CALL = 16
+
+
 @functools.lru_cache(maxsize=256)
-def _epoch_runner(loss_fn: LossFn, learning_rate: float, n: int, batch: int) -> Callable:
-    """The jit-compiled epoch for one loss function and shape (cached across fits)."""
-    n_batches = n // batch
+def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int) -> tuple:
+    """The jit-compiled run of ``STEPS_PER_CALL`` optimiser steps for one loss function.
+
+    Its shapes depend on the batch size only, never on ``n``: fits on data sets of any
+    size reuse one compilation. Steps flagged inactive (the padding of an epoch's last
+    chunk) are skipped by ``lax.cond``.
+    """
     optimizer = optax.adam(learning_rate)
 
     @jax.jit
-    def run_epoch(params, opt_state, data, key, aux):
-        k_perm, k_steps = jax.random.split(key)
-        order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
-
+    def run_chunk(params, opt_state, template, rows, keys, active, aux):
         def step(carry, inputs):
             params, opt_state = carry
-            idx, k = inputs
-            loss, grads = jax.value_and_grad(loss_fn)(params, data.take(idx), k, aux)
-            # optax mixes Python floats and int32 counts: fine under standard promotion only.
-            with jax.numpy_dtype_promotion("standard"):
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), loss
+            batch_rows, k, is_active = inputs
 
-        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (order, jax.random.split(k_steps, n_batches)))
-        return params, opt_state, jnp.mean(losses)
+            def update(carry):
+                params, opt_state = carry
+                loss, grads = jax.value_and_grad(loss_fn)(params, template.replace(**batch_rows), k, aux)
+                # optax mixes Python floats and int32 counts: fine under standard promotion only.
+                with jax.numpy_dtype_promotion("standard"):
+                    updates, opt_state = optimizer.update(grads, opt_state, params)
+                return (optax.apply_updates(params, updates), opt_state), loss
 
-    return optimizer, run_epoch
+            return jax.lax.cond(is_active, update, lambda carry: (carry, jnp.float32(0.0)), (params, opt_state))
+
+        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (rows, keys, active))
+        return params, opt_state, jnp.sum(losses)
+
+    return optimizer, run_chunk
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "n_chunks"))
+def _epoch_batches(data: LoggedData, key: jax.Array, batch: int, n_chunks: int) -> tuple:
+    """Shuffle and cut one epoch into ``[n_chunks, STEPS_PER_CALL, batch]`` row blocks.
+
+    Full batches only (the remainder of the shuffle is skipped); padding steps repeat
+    real rows and are flagged inactive. Compiled per ``n``, but only gathers.
+    """
+    n = data.n_rounds
+    n_batches = n // batch
+    slots = n_chunks * STEPS_PER_CALL
+    k_perm, k_steps = jax.random.split(key)
+    order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
+    order = jnp.concatenate([order, jnp.broadcast_to(order[:1], (slots - n_batches, batch))], axis=0)
+    shape = (n_chunks, STEPS_PER_CALL)
+    rows = {name: value[order].reshape(shape + value[order].shape[1:]) for name, value in data.row_fields().items()}
+    keys = jax.random.split(k_steps, slots).reshape(shape)
+    active = (jnp.arange(slots) < n_batches).reshape(shape)
+    return rows, keys, active
 
 
 @functools.lru_cache(maxsize=256)
@@ -124,7 +154,10 @@ def minimize(
     """
     n = data.n_rounds
     batch = min(config.batch_size, n)
-    optimizer, run_epoch = _epoch_runner(loss_fn, float(config.learning_rate), n, batch)
+    n_batches = n // batch
+    n_chunks = -(-n_batches // STEPS_PER_CALL)
+    optimizer, run_chunk = _chunk_runner(loss_fn, float(config.learning_rate), batch)
+    template = data.take(jnp.arange(batch))  # shared fields, and row fields of batch shape
     evaluate = _evaluator(valid_loss_fn or loss_fn)
     opt_state = optimizer.init(params)
     best = (math.inf, params)
@@ -133,8 +166,13 @@ def minimize(
     for epoch in range(1, config.epochs + 1):
         key, k_epoch, k_valid = jax.random.split(key, 3)
         start = time.perf_counter()
-        params, opt_state, train_loss = run_epoch(params, opt_state, data, k_epoch, aux)
-        record = {"epoch": epoch, "train_loss": float(train_loss), "seconds": time.perf_counter() - start}
+        rows, keys, active = _epoch_batches(data, k_epoch, batch, n_chunks)
+        total = 0.0
+        for c in range(n_chunks):
+            chunk_rows = {name: value[c] for name, value in rows.items()}
+            params, opt_state, chunk_loss = run_chunk(params, opt_state, template, chunk_rows, keys[c], active[c], aux)
+            total = total + chunk_loss
+        record = {"epoch": epoch, "train_loss": float(total) / n_batches, "seconds": time.perf_counter() - start}
         if valid is not None:
             record["valid_loss"] = float(evaluate(params, valid, k_valid, aux))
         if not math.isfinite(record["train_loss"]):

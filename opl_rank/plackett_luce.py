@@ -343,7 +343,7 @@ def _truncated_poisson_binomial(stay: jax.Array, done: jax.Array, n_slots: int) 
 
 def _pb_fwd(stay, done, n_slots):
     pmf, states = _pb_forward(stay, done, n_slots)
-    return jnp.stack(pmf), (stay, done, [jnp.stack(s) for s in states])
+    return jnp.stack(pmf), (stay, done, states)
 
 
 def _pb_bwd(n_slots, residuals, g):
@@ -430,12 +430,13 @@ def exact_ranked_item_marginals(
     flat_items = items.astype(jnp.int32).reshape((-1, items.shape[-1]))
 
     def per_item(row_logits, row_valid, d):
-        s_d = row_logits[d]
-        s_d_safe = jnp.where(row_valid[d], s_d, 0.0)
-        others = jnp.logical_and(row_valid, jnp.arange(n_items) != d)
+        is_d = jnp.arange(n_items) == d  # a mask, not an index: its gradient is no scatter
+        d_valid = jnp.any(jnp.logical_and(is_d, row_valid))
+        s_d_safe = jnp.sum(jnp.where(jnp.logical_and(is_d, row_valid), row_logits, 0.0))
+        others = jnp.logical_and(row_valid, jnp.logical_not(is_d))
         log_ratio = jnp.where(others, row_logits - s_d_safe, 0.0)
         probs = _race_rank_probs(log_ratio, others, n_slots)
-        return jnp.where(row_valid[d], jnp.clip(probs, 0.0, 1.0), 0.0)
+        return jnp.where(d_valid, jnp.clip(probs, 0.0, 1.0), 0.0)
 
     per_row = jax.vmap(per_item, in_axes=(None, None, 0))
     out = jax.vmap(per_row)(flat_logits, flat_valid, flat_items)

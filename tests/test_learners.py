@@ -114,16 +114,17 @@ def test_degenerate_inputs_give_finite_policies(setting):
     np.testing.assert_allclose(np.asarray(untouched.logits(x)), np.asarray(init.logits(x)), atol=1e-6)
 
 
-def test_refitting_with_new_data_lambda_or_seed_does_not_recompile(setting, caplog):
+def test_refitting_with_new_data_size_lambda_or_seed_does_not_recompile(setting, caplog):
     env, data, _ = setting
     config = _config("rpod", k=1)
-    fit(data, make_key(20), config)  # compiles the reward-model and first-stage epochs
+    fit(data, make_key(20), config)  # compiles the reward-model and first-stage steps
     other = env.with_lambda(0.9).sample_logged_data(make_key(21), data.n_rounds, position_marginals="exact")
+    compiled = lambda: [r.getMessage() for r in caplog.records if "Compiling jit(run_chunk)" in r.getMessage()]
     with jax.log_compiles(True):
         caplog.clear()
         fit(other, make_key(22), config)  # new lambda, data and seed; same shapes
-    compiled = lambda: [r.getMessage() for r in caplog.records if "Compiling jit(run_epoch)" in r.getMessage()]
+        fit(other.take(np.arange(1000)), make_key(23), config)  # another n
     assert compiled() == []
-    with jax.log_compiles(True):  # the detector works: a new n is a new shape
-        fit(other.take(np.arange(1000)), make_key(23), config)
+    with jax.log_compiles(True):  # the detector works: a new batch size is a new shape
+        fit(other, make_key(23), dataclasses.replace(config, train=dataclasses.replace(TRAIN, batch_size=128)))
     assert len(compiled()) >= 1
