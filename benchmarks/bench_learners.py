@@ -4,12 +4,15 @@ Usage (from the repository root)::
 
     python benchmarks/bench_learners.py            # n = 8000 (several minutes on 2 CPUs)
     python benchmarks/bench_learners.py --quick    # n = 1000, fewer epochs (smoke test)
+    python benchmarks/bench_learners.py --grid experiments/configs/synthetic_opl.yaml \
+        --backend processes --workers 2            # also the whole D=10 grid (~25 min)
 
 For each method the first fit ("cold") includes JAX compilation; a second fit on a new
-data set with another seed ("warm") reuses the compiled training epoch (the sweep's
+data set with another seed ("warm") reuses the compiled training steps (the sweep's
 situation from its second cell on). Baseline in the same run: the IPS learner's epoch
 written naively -- an un-jitted Python loop over minibatches with eager ``jax.grad`` --
-against our compiled ``lax.scan`` epoch; the ratio is reported. obp has no learner for
+against our compiled ``lax.scan`` steps; the ratio is reported. ``--grid`` times a whole
+sweep from an empty compilation cache (compilation included). obp has no learner for
 ranking policies to compare with.
 
 The last line printed is one JSON object with the headline figures.
@@ -110,9 +113,28 @@ def naive_vs_compiled_epoch(n: int) -> dict[str, float]:
     return {"naive_epoch_s": naive, "ours_epoch_s": ours, "ratio_naive_over_ours": naive / ours}
 
 
+def grid_timing(config: str, overrides: list[str], backend: str, workers: int | None) -> dict[str, float]:
+    """Wall time of a whole sweep into a fresh folder with an empty compilation cache."""
+    import tempfile
+
+    from experiments.config import parse_overrides
+    from experiments.opl_sweep import cells, load_sweep, run_sweep
+
+    with tempfile.TemporaryDirectory() as tmp:
+        values = parse_overrides(overrides)
+        values["output_dir"] = f"{tmp}/sweep"
+        sweep = load_sweep(config, values)
+        summary = run_sweep(sweep, echo=lambda line: None, backend=backend, workers=workers, compilation_cache=f"{tmp}/jax")
+    return {"grid_cells": len(cells(sweep)), "grid_rows": summary["rows"], "grid_seconds": summary["seconds"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n=1000 and fewer epochs")
+    parser.add_argument("--grid", metavar="CONFIG", default=None, help="also time a whole sweep of this config")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key of the grid's config")
+    parser.add_argument("--backend", default="processes", choices=["serial", "processes"], help="the grid's backend")
+    parser.add_argument("--workers", type=int, default=None, help="the grid's worker processes")
     args = parser.parse_args()
     n, epochs = (1000, 5) if args.quick else (8000, 30)
     start = time.perf_counter()
@@ -122,6 +144,11 @@ def main() -> None:
     epoch = naive_vs_compiled_epoch(n)
     print(f"  naive {epoch['naive_epoch_s']:.3f} s   ours {epoch['ours_epoch_s']:.4f} s   naive/ours {epoch['ratio_naive_over_ours']:.0f}x")
     summary = {"bench": "learners", "quick": args.quick, "n": n, "epochs": epochs}
+    if args.grid:
+        print(f"Part 3: the sweep {args.grid} {' '.join(args.set)} on backend {args.backend}")
+        grid = grid_timing(args.grid, args.set, args.backend, args.workers)
+        print(f"  {grid['grid_cells']} cells, {grid['grid_rows']} rows in {grid['grid_seconds']:.0f} s")
+        summary.update(grid, grid_backend=args.backend)
     summary.update({f"{name}_{k}": round(v, 3) for name, t in fits.items() for k, v in t.items()})
     summary.update({k: round(v, 4) for k, v in epoch.items()})
     summary.update(total_seconds=round(time.perf_counter() - start, 1), **environment())

@@ -5,6 +5,7 @@ Subcommands:
              a summary (sizes, logging policy value, reward statistics, propensity ranges).
   ltr        train a PL ranker on a LETOR file with a policy-gradient estimator (YAML config).
   sweep      the synthetic OPL benchmark: every method and k over lambda, n, D, L, tau, seeds.
+  report     markdown tables of a sweep's results: normalised gain per method, and winners.
 
 Kept short: parsing and printing only; everything else is a library call.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Any, Callable, Sequence
 
@@ -100,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="JAX persistent compilation cache (default: $OPL_RANK_JAX_CACHE or ~/.cache/opl_rank/jax; '' disables)",
     )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+
+    report = sub.add_parser(
+        "report",
+        help="tables of a sweep's results",
+        description="Print markdown tables of normalised gain (mean ± SE over seeds) per method and n, "
+        "for every D, L and lambda, and the winner of each cell with paired margins.",
+    )
+    report.add_argument("results", help="a sweep's results.csv")
+    report.add_argument("--output", default=None, help="also write the markdown here (atomically)")
     return parser
 
 
@@ -145,7 +156,7 @@ def _ltr(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.ltr import load_experiment, run_ltr
 
     experiment = load_experiment(args.config, parse_overrides(args.set))
-    return run_ltr(experiment, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print)
+    return run_ltr(experiment, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
 
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,9 +168,21 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     sweep = load_sweep(args.config, parse_overrides(args.set))
     cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
     return run_sweep(
-        sweep, echo=(lambda line: print(line, file=sys.stderr)) if args.json else print,
+        sweep, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
         backend=args.backend, workers=args.workers, compilation_cache=cache or None,
     )
+
+
+def _report(args: argparse.Namespace) -> None:
+    from experiments.report import load_rows, markdown_report
+    from opl_rank.atomic import atomic_write_text
+
+    if not os.path.exists(args.results):
+        raise ValueError(f"results file {args.results!r} does not exist")
+    text = markdown_report(load_rows(args.results))
+    if args.output:
+        atomic_write_text(args.output, text)
+    print(text, end="")
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -185,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _ltr(args)
         elif args.command == "sweep":
             summary = _sweep(args)
+        elif args.command == "report":
+            _report(args)
+            return 0
         else:  # pragma: no cover - argparse rejects unknown subcommands
             parser.error(f"unknown command {args.command!r}")
     except (ValueError, TypeError, RuntimeError) as err:

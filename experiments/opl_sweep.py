@@ -216,8 +216,8 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
-    Cells of one environment (all n for a D, L, tau, lambda, seed) form one job, so its
-    ground truth is computed once; jobs run on ``backend`` (see :mod:`experiments.executors`).
+    Jobs run on ``backend`` (see :mod:`experiments.executors`); keys come from each cell's
+    seed, so the table does not depend on the backend or the order cells finish in.
     """
     from experiments.executors import run_jobs
     from opl_rank.atomic import atomic_write_text
@@ -228,9 +228,12 @@ def run_sweep(
     atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
     every = cells(sweep)
     todo = [cell for cell in every if not os.path.exists(_cell_path(out, cell))]
+    # Serial: one job per environment (its ground truth is computed once). Processes: one
+    # job per cell, for progress and load balance (each worker caches the environments it saw).
     jobs: dict[tuple, list[dict[str, Any]]] = {}
     for cell in todo:
-        jobs.setdefault(tuple(cell[k] for k in ("D", "L", "tau", "lam", "seed")), []).append(cell)
+        env_key = tuple(cell[k] for k in ("D", "L", "tau", "lam", "seed"))
+        jobs.setdefault(env_key if backend == "serial" else env_key + (cell["n"],), []).append(cell)
     start = time.perf_counter()
     finished = len(every) - len(todo)
 

@@ -89,7 +89,7 @@ def iips_terms(logits, ranking, reward, log_pi0_position_marginal, position_weig
     """Per-round IIPS: ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
 
     The target policy's position marginals of the logged items are exact
-    (:func:`plackett_luce.exact_ranked_item_marginals`, differentiable), so the gradient
+    (:func:`plackett_luce.exact_slot_marginals`, differentiable), so the gradient
     ``sum_l alpha_l w_l r_l grad log P_pi(a_l at l)`` has no sampling noise.
 
     Args:
@@ -104,9 +104,7 @@ def iips_terms(logits, ranking, reward, log_pi0_position_marginal, position_weig
     Returns:
       ``[n]`` float32.
     """
-    n_slots = ranking.shape[-1]
-    per_item = pl.exact_ranked_item_marginals(logits, ranking, n_slots, where=where)  # [n, L, L]
-    marginal = jnp.diagonal(per_item, axis1=-2, axis2=-1)  # P_pi(rank(a_l) = l)
+    marginal = pl.exact_slot_marginals(logits, ranking, where=where)  # P_pi(rank(a_l) = l)
     log_marginal = jnp.log(jnp.maximum(marginal, 1e-30))
     w = _weight(log_marginal, log_pi0_position_marginal, max_log_weight)
     terms = w * reward * position_weight[None, :]

@@ -6,10 +6,10 @@ Two kinds, both giving per-slot values ``h_l(x, a)`` with ``f_hat = sum_l alpha_
              by ``g`` (optimal for non-increasing alpha).
   pairwise   ``h_l = g(x, a_l) + sum_{m != l} V(a_m, a_l)``: sees the whole ranking through
              learned pairwise item interactions (captures the synthetic environment's F);
-             completion enumerates every completion when there are at most
-             ``max_enumerated`` (512) of them -- scored by two matrix products -- and
-             is a beam search (``beam_width`` 4; 1 is greedy) otherwise. With D = 10,
-             L = 5 that is exact for k >= 2 and beam search for k <= 1.
+             completion (:mod:`opl_rank.completion`) enumerates every completion when
+             there are at most ``max_enumerated`` (512) of them and is a beam search
+             (``beam_width`` 4; 1 is greedy) otherwise. With D = 10, L = 5 that is
+             exact for k >= 2 and beam search for k <= 1.
 
 Fitting is least squares on ``R = sum_l alpha_l r_l`` (Eq. 12; ``target="sum"``) or on each
 slot's reward (``target="slots"``), with the shared loop of :mod:`opl_rank.optimization`.
@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import math
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from opl_rank import completion
+from opl_rank.completion import one_hot_sum, zero_diagonal
 from opl_rank.data import LoggedData
 from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.policies import ActionScorer
@@ -59,20 +58,9 @@ class _SlotValues(nn.Module):
         if self.pairwise:
             # sum_{m != l} V(a_m, a_l) = (placed @ V)[a_l] with V's diagonal zeroed: one
             # small matmul instead of an [.., K, K] gather.
-            g = g + _one_hot_sum(rankings, self.n_items) @ _zero_diagonal(self.interaction)
+            g = g + one_hot_sum(rankings, self.n_items) @ zero_diagonal(self.interaction)
         return jnp.take_along_axis(g, rankings, axis=-1)
 
-
-def _zero_diagonal(v: jax.Array) -> jax.Array:
-    return v * (1.0 - jnp.eye(v.shape[-1], dtype=v.dtype))
-
-
-def _one_hot_sum(items: jax.Array, n_items: int, weights: jax.Array | None = None) -> jax.Array:
-    """``sum_m w_m e_{items_m}``: int ``[.., K]`` (and ``[K]`` weights) -> float32 ``[.., D]``."""
-    one_hot = jax.nn.one_hot(items, n_items, dtype=jnp.float32)  # [.., K, D]
-    if weights is None:
-        return jnp.sum(one_hot, axis=-2)
-    return jnp.einsum("...kd,k->...d", one_hot, weights)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,89 +107,15 @@ class RewardModel:
         rest = self.n_slots - k
         if rest == 0:
             return prefixes
-        placed = _one_hot_sum(prefixes, n_items)  # [.., n, D] 0/1
-        g = jnp.broadcast_to(self.item_values(context), placed.shape)
+        g = jnp.broadcast_to(self.item_values(context), prefixes.shape[:-1] + (n_items,))
         if self.kind == "additive":
-            tail = jax.lax.top_k(jnp.where(placed > 0, -jnp.inf, g), rest)[1].astype(prefixes.dtype)
+            taken = one_hot_sum(prefixes, n_items) > 0
+            tail = jax.lax.top_k(jnp.where(taken, -jnp.inf, g), rest)[1].astype(prefixes.dtype)
             return jnp.concatenate([prefixes, tail], axis=-1)
-        weighted = _one_hot_sum(prefixes, n_items, self.position_weight[:k])
-        if math.perm(n_items - k, rest) <= self.max_enumerated:
-            tail = self._complete_enumerate(g, placed, weighted, k)
-        else:
-            tail = self._complete_beam(g, placed, weighted, k)
-        return jnp.concatenate([prefixes, tail.astype(prefixes.dtype)], axis=-1)
-
-    def _slot_gains(self, g, placed, weighted, first_slot, n_slots):
-        """What each item adds at each of ``n_slots`` slots from ``first_slot`` on.
-
-        For a tail ``t`` after prefix ``p`` (length k), ``f_hat = const(p) + sum_j U[t_j, j]
-        + sum_{j != j'} alpha_{k+j} V(t_j', t_j)`` with ``U[d, j] = alpha_{k+j} (g(d) +
-        sum_m V(p_m, d)) + sum_m alpha_m V(d, p_m)``.
-
-        Args:
-          g: ``[.., D]`` item values.
-          placed: ``[.., D]`` ``sum_m e_{p_m}``; weighted: ``[.., D]`` ``sum_m alpha_m e_{p_m}``.
-
-        Returns:
-          ``U``: ``[.., D, n_slots]``.
-        """
-        v = _zero_diagonal(self.params["params"]["interaction"])
-        tail_alpha = self.position_weight[first_slot : first_slot + n_slots].reshape((1,) * g.ndim + (n_slots,))
-        return (g + placed @ v)[..., None] * tail_alpha + (weighted @ v.T)[..., None]
-
-    def _complete_enumerate(self, g, placed, weighted, k):
-        """Exact: every completion scored by matrix products, by :meth:`_slot_gains`'s
-        decomposition. Returns the tails ``[.., n, L - k]``."""
-        n_items = self.module.n_items
-        rest = self.n_slots - k
-        n_free = n_items - k
-        # Completions as ranks among the free items: the same patterns for every prefix.
-        patterns = np.array(list(itertools.permutations(range(n_free), rest)), np.int32)  # [C, rest]
-        rows = np.arange(len(patterns))[:, None]
-        unary = np.zeros((len(patterns), n_free, rest), np.float32)
-        unary[rows, patterns, np.arange(rest)[None, :]] = 1.0
-        pair = np.zeros((len(patterns), n_free, n_free, rest), np.float32)  # (c, from, to, slot of "to")
-        for j in range(rest):
-            for j2 in range(rest):
-                if j != j2:
-                    pair[rows[:, 0], patterns[:, j2], patterns[:, j], j] = 1.0
-        pair_alpha = jnp.asarray(pair) @ self.position_weight[k:]  # [C, F, F]
-
-        # free[.., f, d] = 1 if d is the f-th free item (one-hot, no sort).
-        is_free = 1.0 - placed
-        rank = jnp.cumsum(is_free, axis=-1) - 1.0
-        slot_ids = jnp.arange(n_free, dtype=jnp.float32).reshape((1,) * (rank.ndim - 1) + (n_free, 1))
-        free = is_free[..., None, :] * (rank[..., None, :] == slot_ids).astype(jnp.float32)
-        v = _zero_diagonal(self.params["params"]["interaction"])
-        gains_free = free @ self._slot_gains(g, placed, weighted, k, rest)  # [.., n, F, rest]
-        v_free = free @ v @ jnp.swapaxes(free, -1, -2)  # [.., n, F, F]
-        scores = jnp.einsum("...fj,cfj->...c", gains_free, jnp.asarray(unary)) + jnp.einsum(
-            "...ab,cab->...c", v_free, pair_alpha
-        )
-        free_items = jnp.round(free @ jnp.arange(n_items, dtype=jnp.float32)).astype(jnp.int32)  # [.., n, F]
-        best = jnp.asarray(patterns)[jnp.argmax(scores, axis=-1)]  # [.., n, rest]
-        return jnp.take_along_axis(free_items, best, axis=-1)
-
-    def _complete_beam(self, g, placed, weighted, k):
-        """Beam search slot by slot: keep the ``beam_width`` best partial rankings, scored
-        exactly by the f_hat of the partial ranking (later slots not yet placed).
-        Returns the tails ``[.., n, L - k]``."""
-        n_items = self.module.n_items
-        alpha = self.position_weight
-        g, placed, weighted = g[..., None, :], placed[..., None, :], weighted[..., None, :]  # [.., n, B=1, D]
-        tails = jnp.zeros(placed.shape[:-1] + (0,), jnp.int32)  # [.., n, B, s]
-        score = jnp.zeros(placed.shape[:-1], jnp.float32)  # relative to the prefix's value
-        for slot in range(k, self.n_slots):
-            gain = self._slot_gains(g, placed, weighted, slot, 1)[..., 0]  # [.., n, B, D]
-            total = jnp.where(placed > 0, -jnp.inf, score[..., None] + gain)
-            width = min(self.beam_width, total.shape[-2] * (n_items - slot))
-            score, flat = jax.lax.top_k(total.reshape(total.shape[:-2] + (-1,)), width)
-            parent, item = flat // n_items, flat % n_items
-            keep = lambda a: jnp.take_along_axis(a, parent[..., None], axis=-2)
-            added = jax.nn.one_hot(item, n_items, dtype=jnp.float32)
-            placed, weighted = keep(placed) + added, keep(weighted) + alpha[slot] * added
-            tails = jnp.concatenate([keep(tails), item[..., None].astype(jnp.int32)], axis=-1)
-        return tails[..., 0, :]  # top_k sorts: the best beam first
+        interaction = self.params["params"]["interaction"]
+        return completion.complete(
+            g, interaction, self.position_weight, prefixes, max_enumerated=self.max_enumerated, beam_width=self.beam_width
+        )[0]
 
 
 def fit_reward_model(

@@ -63,8 +63,7 @@ def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_margi
     log_prefix = pl.prefix_log_probs(logits, ranking)
     reward = reward_model.sample_reward(k_reward, context, ranking)
     if position_marginals == "exact":
-        per_item = pl.exact_ranked_item_marginals(logits, ranking, n_slots)  # [m, L, L]
-        marginal = jnp.diagonal(per_item, axis1=-2, axis2=-1)  # P(rank(a_l) = l)
+        marginal = pl.exact_slot_marginals(logits, ranking)  # P(rank(a_l) = l)
         log_marginal = jnp.log(jnp.maximum(marginal, _MIN_MARGINAL))
     else:
         log_marginal = jnp.zeros_like(log_prefix)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from opl_rank import completion
 from opl_rank import plackett_luce as pl
 from opl_rank.data import LoggedData, dcg_position_weights
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
@@ -264,20 +265,24 @@ class SyntheticRankingEnv:
         return self.policy_value(self.logging_policy_sampler(), key, n_contexts)
 
 
-    def best_rankings(self, context: jax.Array, *, max_enumerated: int = 2_000_000) -> tuple[jax.Array, str]:
+    def best_rankings(
+        self, context: jax.Array, *, max_enumerated: int = 2_000_000, beam_width: int = 64
+    ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
 
         Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: the interaction part of
         every ranking's value is context-free, so values are one matrix product plus a
-        constant per ranking. Beyond that, greedy slot by slot on the true q (a lower bound
-        on V*; reported as ``"greedy"``).
+        constant per ranking. Beyond that, a beam search on the true q
+        (:func:`opl_rank.completion.complete_beam`; a lower bound on V*, reported as
+        ``"beam"``).
 
         Args:
           context: ``[n, dx]``.
           max_enumerated: the switch-over.
+          beam_width: partial rankings kept by the beam search.
 
         Returns:
-          ``(rankings [n, L] int32, "exact" or "greedy")``.
+          ``(rankings [n, L] int32, "exact" or "beam")``.
         """
         rm = self.reward_model
         alpha = self.position_weight
@@ -290,17 +295,8 @@ class SyntheticRankingEnv:
             rows = max(1, min(context.shape[0], 2**24 // n_rank))
             best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
             return perms[best], "exact"
-        taken = jnp.zeros(base.shape, bool)
-        ranking = jnp.zeros((context.shape[0], 0), jnp.int32)
-        w = rm.interaction
-        for slot in range(self.ranking_length):
-            into = jnp.sum(w[ranking], axis=-2)  # sum_m W(a_m, d)
-            out_of = jnp.sum(jnp.moveaxis(w[:, ranking], 0, -1) * alpha[:slot][None, :, None], axis=-2)
-            gain = alpha[slot] * (base + rm.lam * into) + rm.lam * out_of
-            choice = jnp.argmax(jnp.where(taken, -jnp.inf, gain), axis=-1).astype(jnp.int32)
-            ranking = jnp.concatenate([ranking, choice[:, None]], axis=-1)
-            taken = jnp.logical_or(taken, jax.nn.one_hot(choice, self.n_items, dtype=bool))
-        return ranking, "greedy"
+        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
+        return completion.complete(base, rm.lam * rm.interaction, alpha, empty, max_enumerated=0, beam_width=beam_width)
 
     def optimal_value(self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000) -> tuple[PolicyValue, str]:
         """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`)."""

@@ -62,3 +62,27 @@ def test_grid_and_rows():
 def test_sweep_config_errors(extra, message, capsys):
     assert main(["sweep", "--config", CONFIG, *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_process_backend_gives_the_serial_results(tmp_path, capsys):
+    # Keys come from each cell, never from execution order: two worker processes must
+    # write the same table as one process (and per-cell progress lines as cells finish).
+    small = [
+        "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.5", "--set", "n=300",
+        "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod", "--set", "ks=1",
+        "--set", "reward_models=additive", "--set", "eval_contexts=1000",
+        "--set", "policy_epochs=2", "--set", "reward_epochs=2",
+    ]
+    tables = {}
+    for backend in ("serial", "processes"):
+        out = tmp_path / backend
+        args = ["sweep", "--config", CONFIG, *small, "--set", f"output_dir={out}", "--backend", backend,
+                "--workers", "2", "--compilation-cache", str(tmp_path / "jax"), "--json"]
+        assert main(args) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out.strip().splitlines()[-1])["backend"] == backend
+        assert captured.err.count("[") >= 2  # one progress line per cell
+        with open(out / "results.csv") as f:
+            tables[backend] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)]
+    assert len(tables["serial"]) == 2 * 3
+    assert tables["processes"] == tables["serial"]

@@ -162,6 +162,18 @@ def test_exact_position_marginal_gradients_equal_enumeration(key, n_items, n_slo
     np.testing.assert_allclose(np.asarray(got_items), np.asarray(want_items), atol=2e-5)
 
 
+def test_exact_slot_marginals_are_the_diagonal_of_the_ranked_item_table(key):
+    logits = _logits(key, (7, 9), 2.0)
+    rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, 4)
+    table = pl.exact_ranked_item_marginals(logits, rankings, 4)  # [7, 4, 4]
+    want = jnp.diagonal(table, axis1=-2, axis2=-1)
+    np.testing.assert_allclose(np.asarray(pl.exact_slot_marginals(logits, rankings)), np.asarray(want), atol=1e-6)
+    loss = lambda f: lambda s: jnp.sum(jnp.log(f(s)))
+    g_slot = jax.grad(loss(lambda s: pl.exact_slot_marginals(s, rankings)))(logits)
+    g_table = jax.grad(loss(lambda s: jnp.diagonal(pl.exact_ranked_item_marginals(s, rankings, 4), axis1=-2, axis2=-1)))(logits)
+    np.testing.assert_allclose(np.asarray(g_slot), np.asarray(g_table), atol=1e-4)
+
+
 def test_exact_position_marginals_with_mask(key):
     logits = _logits(key, (6,), 2.0)
     where = jnp.array([True, False, True, True, False, True])

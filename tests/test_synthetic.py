@@ -192,3 +192,23 @@ def test_policy_value_of_a_deterministic_policy_and_bad_policies(env):
         env0.policy_value(lambda k, c: jnp.zeros((c.shape[0], 3), jnp.int32), make_key(45), 100)
     with pytest.raises(TypeError, match="callable"):
         env0.policy_value(42, make_key(45), 100)
+
+
+def test_best_rankings_are_the_argmax_of_the_true_expected_reward():
+    env = SyntheticRankingEnv.create(make_key(30), n_items=6, ranking_length=3, lam=1.0)
+    x = env.sample_contexts(make_key(31), 200)
+    everything = jnp.asarray(pl.all_rankings(6, 3))  # [120, 3]
+    values = jax.vmap(lambda r: env.expected_reward(x, jnp.broadcast_to(r, (200, 3))) @ env.position_weight)(everything)
+    best_value = np.asarray(jnp.max(values, axis=0))
+    value_of = lambda rankings: np.asarray(env.expected_reward(x, rankings) @ env.position_weight)
+    exact, method = env.best_rankings(x)
+    assert method == "exact"
+    np.testing.assert_allclose(value_of(exact), best_value, atol=1e-4)
+    # The beam search (used when rankings are too many to enumerate) is exact when it keeps
+    # every partial ranking, and a lower bound otherwise.
+    wide, method = env.best_rankings(x, max_enumerated=0, beam_width=120)
+    assert method == "beam"
+    np.testing.assert_allclose(value_of(wide), best_value, atol=1e-4)
+    greedy, _ = env.best_rankings(x, max_enumerated=0, beam_width=1)
+    assert np.all(value_of(greedy) <= best_value + 1e-4)
+    assert np.mean(value_of(greedy) < best_value - 1e-4) > 0.01  # greedy alone is not exact here

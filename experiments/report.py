@@ -1,0 +1,138 @@
+"""Tables from a sweep's ``results.csv``: normalised gain per method, and who wins where.
+
+``opl-rank report results/opl_synthetic/results.csv`` prints, per (D, L, lambda), a
+markdown table of the normalised gain ``(V - V0) / (V* - V0)`` (mean and standard error
+over seeds) with one row per method (R-POD per k and reward model) and one column per n,
+then the winner of every (D, L, lambda, n) with its paired margin over the runner-up and
+over the best regression. Plain Python: usable from a notebook without pandas.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from typing import Any, Iterable
+
+__all__ = ["load_rows", "method_label", "gain_table", "winners", "markdown_report"]
+
+
+def load_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a sweep's ``results.csv`` with numbers parsed."""
+    ints = ("k", "n", "D", "L", "seed")
+    floats = ("lambda", "tau", "V", "V_se", "V0", "V_star", "normalized_gain", "fit_seconds")
+    rows = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for raw in csv.DictReader(f):
+            row: dict[str, Any] = dict(raw)
+            for name in ints:
+                row[name] = int(raw[name]) if raw.get(name) not in (None, "") else None
+            for name in floats:
+                if name in raw:
+                    row[name] = float(raw[name])
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} has no rows")
+    return rows
+
+
+def method_label(row: dict[str, Any]) -> str:
+    """``ips``, ``dr/pairwise``, ``rpod(k=2)/additive``, ..."""
+    name = row["method"] if row["k"] is None else f"{row['method']}(k={row['k']})"
+    return name if row["reward_model"] in ("-", "", None) else f"{name}/{row['reward_model']}"
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, math.nan
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return m, math.sqrt(var / len(values))
+
+
+def gain_table(rows: Iterable[dict[str, Any]], value: str = "normalized_gain") -> dict[tuple, dict[str, Any]]:
+    """``{(D, L, lambda, n, label): {"mean", "se", "seeds", "by_seed"}}`` of ``value``.
+
+    R-POD rows at k = 0 and k = L are kept (they equal regression and DR by construction).
+    """
+    groups: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        groups[(r["D"], r["L"], r["lambda"], r["n"], method_label(r))][r["seed"]] = r[value]
+    table = {}
+    for key, by_seed in groups.items():
+        mean, se = _mean_se(list(by_seed.values()))
+        table[key] = {"mean": mean, "se": se, "seeds": len(by_seed), "by_seed": by_seed}
+    return table
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int]:
+    """Mean and SE of ``a - b`` over shared seeds, and the seeds where ``a > b``."""
+    seeds = sorted(set(a) & set(b))
+    diffs = [a[s] - b[s] for s in seeds]
+    mean, se = _mean_se(diffs)
+    return mean, se, sum(d > 0 for d in diffs)
+
+
+def winners(table: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (D, L, lambda, n): the best label by mean gain, the runner-up and the best
+    regression, with paired differences (mean, SE, seeds won) against both."""
+    cells: dict[tuple, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for (d, l, lam, n, label), stats in table.items():
+        if "(k=0)" in label or f"(k={l})" in label:
+            continue  # aliases of regression / DR
+        cells[(d, l, lam, n)].append((label, stats))
+    out = []
+    for key in sorted(cells):
+        ranked = sorted(cells[key], key=lambda item: -item[1]["mean"])
+        best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        regressions = [item for item in ranked if item[0].startswith("regression")]
+        entry = {"D": key[0], "L": key[1], "lambda": key[2], "n": key[3], "best": best[0], "best_gain": best[1]["mean"]}
+        if second is not None:
+            entry["runner_up"] = second[0]
+            entry["margin"] = _paired(best[1]["by_seed"], second[1]["by_seed"])
+        if regressions and regressions[0][0] != best[0]:
+            entry["best_regression"] = regressions[0][0]
+            entry["margin_over_regression"] = _paired(best[1]["by_seed"], regressions[0][1]["by_seed"])
+        out.append(entry)
+    return out
+
+
+def _fmt(mean: float, se: float) -> str:
+    return f"{mean:.3f} ± {se:.3f}" if math.isfinite(se) else f"{mean:.3f}"
+
+
+def markdown_report(rows: list[dict[str, Any]]) -> str:
+    """Gain tables per (D, L, lambda) and the winners list, as markdown."""
+    table = gain_table(rows)
+    lines: list[str] = []
+    for d, l, lam in sorted({key[:3] for key in table}):
+        ns = sorted({key[3] for key in table if key[:3] == (d, l, lam)})
+        labels = sorted({key[4] for key in table if key[:3] == (d, l, lam)}, key=_label_order)
+        seeds = max(table[(d, l, lam, n, lab)]["seeds"] for n in ns for lab in labels if (d, l, lam, n, lab) in table)
+        lines += [f"### D={d}, L={l}, lambda={lam:g} (normalised gain, mean ± SE over {seeds} seeds)", ""]
+        lines.append("| method | " + " | ".join(f"n={n}" for n in ns) + " |")
+        lines.append("|---|" + "---|" * len(ns))
+        for label in labels:
+            cells = [table.get((d, l, lam, n, label)) for n in ns]
+            lines.append(f"| {label} | " + " | ".join(_fmt(c["mean"], c["se"]) if c else "" for c in cells) + " |")
+        lines.append("")
+    lines += ["### Winners (paired differences over seeds: mean ± SE, seeds won)", ""]
+    lines.append("| D | L | lambda | n | best | gain | runner-up | margin | best regression | margin |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    for w in winners(table):
+        margin = w.get("margin")
+        reg = w.get("margin_over_regression")
+        lines.append(
+            f"| {w['D']} | {w['L']} | {w['lambda']:g} | {w['n']} | {w['best']} | {w['best_gain']:.3f} | "
+            f"{w.get('runner_up', '')} | {_fmt(*margin[:2]) + f' ({margin[2]})' if margin else ''} | "
+            f"{w.get('best_regression', '(best)')} | {_fmt(*reg[:2]) + f' ({reg[2]})' if reg else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _label_order(label: str) -> tuple:
+    order = {"ips": 0, "iips": 1, "rips": 2, "dr": 3, "regression": 4, "rpod": 5}
+    method = label.split("(")[0].split("/")[0]
+    k = int(label.split("k=")[1].split(")")[0]) if "k=" in label else -1
+    model = label.split("/")[1] if "/" in label else ""
+    return (order.get(method, 9), model, k)

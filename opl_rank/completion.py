@@ -1,0 +1,143 @@
+"""Best completions of ranking prefixes under a pairwise-interaction value (R-POD Eq. 13).
+
+The value of a ranking ``a`` (length L) is
+
+    f(a) = sum_l alpha_l [ g(a_l) + sum_{m != l} V(a_m, a_l) ]
+
+with item values ``g`` ``[.., n, D]``, a zero-diagonal interaction ``V`` ``[D, D]`` and
+position weights ``alpha`` ``[L]``. It is both the pairwise reward model f_hat and the
+synthetic environment's true expected reward (``g = theta x + b``, ``V = lambda W``), so
+the second stage and the environment's optimum V* share this code.
+
+For a prefix ``p`` (length k) and a tail ``t``, ``f = const(p) + sum_j U[t_j, j] +
+sum_{j != j'} alpha_{k+j} V(t_j', t_j)`` with ``U[d, j] = alpha_{k+j} (g(d) + sum_m
+V(p_m, d)) + sum_m alpha_m V(d, p_m)`` (:func:`slot_gains`). Exact completion scores all
+``(D-k)!/(D-L)!`` tails by two matrix products; beyond ``max_enumerated`` tails a beam
+search keeps the ``beam_width`` best partial rankings (1 = greedy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["slot_gains", "complete_exact", "complete_beam", "complete", "one_hot_sum", "zero_diagonal"]
+
+
+def zero_diagonal(v: jax.Array) -> jax.Array:
+    """``[D, D]`` with the diagonal set to 0."""
+    return v * (1.0 - jnp.eye(v.shape[-1], dtype=v.dtype))
+
+
+def one_hot_sum(items: jax.Array, n_items: int, weights: jax.Array | None = None) -> jax.Array:
+    """``sum_m w_m e_{items_m}``: int ``[.., K]`` (and ``[K]`` weights) -> float32 ``[.., D]``."""
+    one_hot = jax.nn.one_hot(items, n_items, dtype=jnp.float32)  # [.., K, D]
+    if weights is None:
+        return jnp.sum(one_hot, axis=-2)
+    return jnp.einsum("...kd,k->...d", one_hot, weights)
+
+
+def slot_gains(g, v, alpha, placed, weighted, first_slot: int, n_slots: int) -> jax.Array:
+    """``U``: what each item adds at each of ``n_slots`` slots from ``first_slot`` on.
+
+    Args:
+      g: ``[.., D]`` item values.
+      v: ``[D, D]`` zero-diagonal interaction.
+      alpha: ``[L]`` position weights.
+      placed: ``[.., D]`` ``sum_m e_{p_m}`` of the prefix.
+      weighted: ``[.., D]`` ``sum_m alpha_m e_{p_m}``.
+      first_slot, n_slots: Python ints.
+
+    Returns:
+      ``[.., D, n_slots]``.
+    """
+    tail_alpha = alpha[first_slot : first_slot + n_slots].reshape((1,) * g.ndim + (n_slots,))
+    return (g + placed @ v)[..., None] * tail_alpha + (weighted @ v.T)[..., None]
+
+
+def complete_exact(g, v, alpha, prefixes) -> jax.Array:
+    """The argmax tail of every prefix by enumeration: ``[.., n, D], [D, D], [L], int [.., n, k]
+    -> int32 [.., n, L - k]``. Cost ``O((D-k)!/(D-L)! * (D-k)^2)`` per prefix."""
+    n_items = g.shape[-1]
+    k = prefixes.shape[-1]
+    rest = alpha.shape[0] - k
+    n_free = n_items - k
+    # Tails as ranks among the free items: the same patterns for every prefix.
+    patterns = np.array(list(itertools.permutations(range(n_free), rest)), np.int32)  # [C, rest]
+    rows = np.arange(len(patterns))
+    unary = np.zeros((len(patterns), n_free, rest), np.float32)
+    unary[rows[:, None], patterns, np.arange(rest)[None, :]] = 1.0
+    pair = np.zeros((len(patterns), n_free, n_free, rest), np.float32)  # (c, from, to, slot of "to")
+    for j in range(rest):
+        for j2 in range(rest):
+            if j != j2:
+                pair[rows, patterns[:, j2], patterns[:, j], j] = 1.0
+    pair_alpha = jnp.asarray(pair) @ alpha[k:]  # [C, F, F]
+
+    placed = one_hot_sum(prefixes, n_items)
+    weighted = one_hot_sum(prefixes, n_items, alpha[:k])
+    # free[.., f, d] = 1 if d is the f-th free item (one-hot, no sort or gather).
+    is_free = 1.0 - placed
+    rank = jnp.cumsum(is_free, axis=-1) - 1.0
+    slot_ids = jnp.arange(n_free, dtype=jnp.float32).reshape((1,) * (rank.ndim - 1) + (n_free, 1))
+    free = is_free[..., None, :] * (rank[..., None, :] == slot_ids).astype(jnp.float32)  # [.., n, F, D]
+    gains_free = free @ slot_gains(g, v, alpha, placed, weighted, k, rest)  # [.., n, F, rest]
+    v_free = free @ v @ jnp.swapaxes(free, -1, -2)  # [.., n, F, F]
+    scores = jnp.einsum("...fj,cfj->...c", gains_free, jnp.asarray(unary)) + jnp.einsum(
+        "...ab,cab->...c", v_free, pair_alpha
+    )
+    free_items = jnp.round(free @ jnp.arange(n_items, dtype=jnp.float32)).astype(jnp.int32)  # [.., n, F]
+    best = jnp.asarray(patterns)[jnp.argmax(scores, axis=-1)]  # [.., n, rest]
+    return jnp.take_along_axis(free_items, best, axis=-1)
+
+
+def complete_beam(g, v, alpha, prefixes, beam_width: int) -> jax.Array:
+    """Beam search slot by slot, partial rankings scored exactly by their own f (later
+    slots not yet placed): same shapes as :func:`complete_exact`."""
+    n_items = g.shape[-1]
+    k = prefixes.shape[-1]
+    placed = one_hot_sum(prefixes, n_items)[..., None, :]  # [.., n, B=1, D]
+    weighted = one_hot_sum(prefixes, n_items, alpha[:k])[..., None, :]
+    g = g[..., None, :]
+    tails = jnp.zeros(placed.shape[:-1] + (0,), jnp.int32)  # [.., n, B, s]
+    score = jnp.zeros(placed.shape[:-1], jnp.float32)  # relative to the prefix's value
+    for slot in range(k, alpha.shape[0]):
+        gain = slot_gains(g, v, alpha, placed, weighted, slot, 1)[..., 0]  # [.., n, B, D]
+        total = jnp.where(placed > 0, -jnp.inf, score[..., None] + gain)
+        width = min(beam_width, total.shape[-2] * (n_items - slot))
+        score, flat = jax.lax.top_k(total.reshape(total.shape[:-2] + (-1,)), width)
+        parent, item = flat // n_items, flat % n_items
+        keep = lambda a: jnp.take_along_axis(a, parent[..., None], axis=-2)
+        added = jax.nn.one_hot(item, n_items, dtype=jnp.float32)
+        placed, weighted = keep(placed) + added, keep(weighted) + alpha[slot] * added
+        tails = jnp.concatenate([keep(tails), item[..., None].astype(jnp.int32)], axis=-1)
+    return tails[..., 0, :]  # top_k sorts: the best beam first
+
+
+def complete(g, v, alpha, prefixes, *, max_enumerated: int = 512, beam_width: int = 4) -> tuple[jax.Array, str]:
+    """Prefixes followed by their best tails, and ``"exact"`` or ``"beam"``.
+
+    Args:
+      g: ``[.., n, D]`` item values.
+      v: ``[D, D]`` interaction (its diagonal is ignored).
+      alpha: ``[L]`` position weights.
+      prefixes: int ``[.., n, k]``, ``0 <= k <= L``.
+      max_enumerated: enumerate when there are at most this many tails.
+      beam_width: beam search otherwise.
+
+    Returns:
+      ``(int [.., n, L], method)``.
+    """
+    n_items, n_slots, k = g.shape[-1], alpha.shape[0], prefixes.shape[-1]
+    if k == n_slots:
+        return prefixes, "exact"
+    v = zero_diagonal(v)
+    if math.perm(n_items - k, n_slots - k) <= max_enumerated:
+        tails, method = complete_exact(g, v, alpha, prefixes), "exact"
+    else:
+        tails, method = complete_beam(g, v, alpha, prefixes, beam_width), "beam"
+    return jnp.concatenate([prefixes, tails.astype(prefixes.dtype)], axis=-1), method
