@@ -1,0 +1,1 @@
+"""Conversions to and from other libraries' data formats."""
