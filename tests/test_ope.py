@@ -1,0 +1,97 @@
+"""Off-policy evaluation against the simulator's ground truth, for PL, deterministic and
+two-stage target policies."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from opl_rank import make_key
+from opl_rank import ope
+from opl_rank.learners import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.optimization import TrainConfig
+from opl_rank.policies import ActionScorer
+from opl_rank.reward_models import fit_reward_model
+from simulators import SyntheticRankingEnv
+
+D, L = 5, 3
+
+
+@pytest.fixture(scope="module")
+def setting():
+    # lambda = 0: rewards are independent across slots, so every importance estimator
+    # (IPS, SNIPS, RIPS, IIPS) and DR is unbiased for every target policy.
+    env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L, lam=0.0, logging_temperature=2.0)
+    data = env.sample_logged_data(make_key(1), 20000, position_marginals="exact")
+    model = fit_reward_model(data, make_key(2), kind="pairwise", config=TrainConfig(epochs=8, batch_size=256, learning_rate=3e-2))
+    module = ActionScorer(n_items=D)
+    params = jax.tree.map(lambda p: 0.6 * p, module.init(make_key(3), data.context[:1]))
+    policies = {
+        "pl": PLPolicy(module, params, L),
+        "regression": RegressionPolicy(model),
+        "two_stage": TwoStagePolicy(PLPolicy(module, params, 1), model),
+    }
+    truth = {name: env.policy_value(p, make_key(4), 200_000) for name, p in policies.items()}
+    return env, data, model, policies, truth
+
+
+@pytest.mark.parametrize("policy_name", ["pl", "regression", "two_stage"])
+def test_estimates_are_unbiased_within_4_standard_errors(setting, policy_name):
+    _, data, model, policies, truth = setting
+    names = ("ips", "snips", "dr", "iips", "rips")
+    got = ope.evaluate(policies[policy_name], data, make_key(5), estimators=names, reward_model=model, ci="normal")
+    want = truth[policy_name]
+    for name in names:
+        r = got[name]
+        se = math.sqrt(r.stderr**2 + want.stderr**2)
+        assert abs(r.value - want.value) < 4 * se, (policy_name, name, r.value, want.value, se)
+        assert 0 < r.ess <= data.n_rounds and r.ci_low < r.value < r.ci_high
+    assert got["ips"].value != got["snips"].value != got["rips"].value
+
+
+def test_topk_is_dr_at_kL_and_dm_plus_mean_residual_at_k0(setting):
+    _, data, model, policies, _ = setting
+    policy = policies["pl"]
+    residual = float(jnp.mean(data.reward @ data.position_weight - model.predict(data.context, data.ranking)))
+    for k, same_as, offset in ((0, "dm", residual), (L, "dr", 0.0)):
+        got = ope.evaluate(policy, data, make_key(6), estimators=("topk", same_as), reward_model=model, k=k, ci="normal")
+        assert got["topk"].value == pytest.approx(got[same_as].value + offset, abs=1e-4)
+
+
+def test_two_stage_position_marginals_enumerated_equal_monte_carlo(setting):
+    _, data, _, policies, _ = setting
+    sub = data.take(np.arange(400))
+    exact = ope.target_propensities(policies["two_stage"], sub, make_key(7))
+    mc = ope.target_propensities(policies["two_stage"], sub, make_key(7), n_samples=4000, max_enumerated=0)
+    assert exact.slot_exact and not mc.slot_exact
+    np.testing.assert_allclose(np.exp(np.asarray(mc.log_slot)), np.exp(np.asarray(exact.log_slot)), atol=0.03)
+    # Prefix propensities: the first stage's PL, then the completion indicator.
+    p = np.exp(np.asarray(exact.log_prefix))
+    assert np.all(p[:, 1:] <= p[:, :-1] + 1e-6) and np.any(p[:, -1] == 0) and np.any(p[:, -1] > 0)
+
+
+def test_bootstrap_and_normal_intervals_agree(setting):
+    _, data, _, policies, _ = setting
+    boot = ope.evaluate(policies["pl"], data, make_key(8), estimators=("ips", "snips"), n_bootstrap=400)
+    normal = ope.evaluate(policies["pl"], data, make_key(8), estimators=("ips", "snips"), ci="normal")
+    for name in ("ips", "snips"):
+        b, n = boot[name], normal[name]
+        assert b.value == n.value and b.ci_low < b.value < b.ci_high
+        assert (b.ci_high - b.ci_low) == pytest.approx(n.ci_high - n.ci_low, rel=0.25)
+
+
+def test_bad_arguments(setting):
+    env, data, model, policies, _ = setting
+    with pytest.raises(ValueError, match="unknown estimator"):
+        ope.evaluate(policies["pl"], data, make_key(0), estimators=("magic",))
+    with pytest.raises(ValueError, match="need reward_model"):
+        ope.evaluate(policies["pl"], data, make_key(0), estimators=("dr",))
+    with pytest.raises(ValueError, match="topk needs k"):
+        ope.evaluate(policies["pl"], data, make_key(0), estimators=("topk",), reward_model=model)
+    with pytest.raises(ValueError, match="iips needs"):
+        ope.evaluate(policies["pl"], dataclasses.replace(data, log_pi0_position_marginal=None), make_key(0), estimators=("iips",))
+    with pytest.raises(TypeError, match="policy must be"):
+        ope.target_propensities(object(), data, make_key(0))
