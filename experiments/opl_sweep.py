@@ -31,6 +31,7 @@ __all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows"]
 
 _POLICY_METHODS = ("ips", "iips", "rips")
 _MODEL_METHODS = ("dr", "regression", "rpod")
+_SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,9 @@ class OPLSweep:
     reward_learning_rate: float = 0.02
     batch_size: int = 256
     n_samples: int = 4
+    ope_estimator: str = "dr"  # rpod-ope: the estimator that picks k on held-out rounds
+    ope_holdout: float = 0.3
+    oracle_noise: tuple[float, ...] = (20.0, 10.0)  # rpod-oracle: Dmax = |V| / each value
     output_dir: str = "results/opl_synthetic"
 
     def __post_init__(self) -> None:
@@ -64,9 +68,18 @@ class OPLSweep:
         for name in ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "reward_models"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        unknown = sorted(set(self.methods) - set(METHODS))
+        known = list(METHODS) + list(_SELECTION_METHODS)
+        unknown = sorted(set(self.methods) - set(known))
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; known: {list(METHODS)}")
+            raise ValueError(f"unknown method(s) {unknown}; known: {known}")
+        from opl_rank.ope import ESTIMATORS
+
+        if self.ope_estimator not in ESTIMATORS or self.ope_estimator == "iips":
+            raise ValueError(f"ope_estimator must be one of {[e for e in ESTIMATORS if e != 'iips']}, got {self.ope_estimator!r}")
+        if not 0.0 < self.ope_holdout < 1.0:
+            raise ValueError(f"ope_holdout must be in (0, 1), got {self.ope_holdout}")
+        if any(v <= 0 for v in self.oracle_noise):
+            raise ValueError(f"oracle_noise values must be > 0, got {self.oracle_noise}")
         unknown = sorted(set(self.reward_models) - set(REWARD_MODEL_KINDS))
         if unknown:
             raise ValueError(f"unknown reward model(s) {unknown}; known: {list(REWARD_MODEL_KINDS)}")
@@ -108,19 +121,25 @@ def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
     return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n) for d, l, t, lam, s, n in grid]
 
 
-def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, int | None, str]]:
-    """(method, k, reward model) of every row of a cell."""
-    rows: list[tuple[str, int | None, str]] = []
+def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:
+    """(method, k, reward model) of every row of a cell. For ``rpod-oracle`` the middle
+    entry is the noise divisor (its k is chosen in the cell); for ``rpod-ope`` it is None."""
+    rows: list[tuple[str, Any, str]] = []
     for method in sweep.methods:
         if method in _POLICY_METHODS:
             rows.append((method, None, "-"))
-        for kind in sweep.reward_models if method in _MODEL_METHODS else ():
+        for kind in sweep.reward_models if method in _MODEL_METHODS + _SELECTION_METHODS else ():
             if method == "rpod":
-                ks = sweep.ks if sweep.ks is not None else range(n_slots + 1)
-                rows.extend(("rpod", k, kind) for k in ks)
+                rows.extend(("rpod", k, kind) for k in _candidate_ks(sweep, n_slots))
+            elif method == "rpod-oracle":
+                rows.extend(("rpod-oracle", divisor, kind) for divisor in sweep.oracle_noise)
             else:
                 rows.append((method, None, kind))
     return rows
+
+
+def _candidate_ks(sweep: OPLSweep, n_slots: int) -> tuple[int, ...]:
+    return tuple(sweep.ks) if sweep.ks is not None else tuple(range(n_slots + 1))
 
 
 def _cell_name(cell: dict[str, Any]) -> str:
@@ -144,9 +163,13 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
 
 
 def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
+    import jax
+    import numpy as np
+
     from opl_rank import prng
     from opl_rank.learners import LearnerConfig, fit
     from opl_rank.optimization import TrainConfig
+    from opl_rank.select_k import select_k
 
     _, k_data, k_eval, k_fit = prng.split_seed(cell["seed"], 4)
     env, v0, v_star, star_method = _environment(sweep, cell["D"], cell["L"], cell["tau"], cell["lam"], cell["seed"])
@@ -155,27 +178,55 @@ def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
     train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
     reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
     done: dict[tuple[str, int | None, str], tuple[Any, float]] = {}
+
+    def config(method, k, kind):
+        return LearnerConfig(
+            method, k=k, reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
+            train=train, reward_train=reward,
+        )
+
+    def value_of(method, k, kind):
+        """(true value, seconds) of one fit, cached; R-POD at k = 0 / k = L reuses the
+        regression / DR fit (the same estimator, fitted with the same key)."""
+        alias = {0: ("regression", None, kind), cell["L"]: ("dr", None, kind)}.get(k) if method == "rpod" else None
+        key = alias if alias is not None else (method, k, kind)
+        if key not in done:
+            start = time.perf_counter()
+            policy = fit(data, k_fit, config(*key))
+            done[key] = (env.policy_value(policy, k_eval, sweep.eval_contexts), time.perf_counter() - start)
+        return done[key]
+
+    gap = v_star.value - v0.value
     rows = []
     for method, k, kind in method_rows(sweep, cell["L"]):
-        # R-POD at k = 0 / k = L is regression / DR: reuse those fits when present.
-        alias = {0: ("regression", None, kind), cell["L"]: ("dr", None, kind)}.get(k) if method == "rpod" else None
-        key = alias if alias in done else (method, k, kind)
-        if key not in done:
-            cfg = LearnerConfig(
-                key[0], k=key[1], reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
-                train=train, reward_train=reward,
-            )
+        extra: dict[str, Any] = {"k_selected": None, "selector": ""}
+        if method in _SELECTION_METHODS:
+            candidates = _candidate_ks(sweep, cell["L"])
             start = time.perf_counter()
-            policy = fit(data, k_fit, cfg)
-            done[key] = (env.policy_value(policy, k_eval, sweep.eval_contexts), time.perf_counter() - start)
-        value, seconds = done[key]
-        gap = v_star.value - v0.value
+            if method == "rpod-ope":
+                selection = select_k(
+                    data, jax.random.fold_in(k_fit, 1), config("rpod", 0, kind), ks=candidates,
+                    estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout,
+                )
+                chosen, extra["selector"] = selection.k, f"ope:{sweep.ope_estimator}"
+            else:  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
+                values = np.array([value_of("rpod", c, kind)[0].value for c in candidates])
+                noise_key = jax.random.fold_in(jax.random.fold_in(k_fit, 2), int(k * 1000))
+                noise = np.asarray(jax.random.uniform(noise_key, (len(candidates),), minval=-1.0, maxval=1.0))
+                chosen = candidates[int(np.argmax(values + noise * np.abs(values) / k))]
+                extra["selector"] = f"oracle:V/{k:g}"
+            value = value_of("rpod", chosen, kind)[0]
+            extra["k_selected"] = chosen
+            seconds = time.perf_counter() - start
+            k = None
+        else:
+            value, seconds = value_of(method, k, kind)
         rows.append({
             "simulator": "synthetic", "method": method, "k": k, "reward_model": kind,
             "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
             "V": value.value, "V_se": value.stderr, "V0": v0.value, "V_star": v_star.value, "V_star_method": star_method,
             "normalized_gain": (value.value - v0.value) / gap if gap > 0 else math.nan,
-            "fit_seconds": seconds,
+            "fit_seconds": seconds, **extra,
         })
     return rows
 
@@ -251,8 +302,8 @@ def run_sweep(
     for cell in every:  # read back in grid order: the table does not depend on the backend
         with open(_cell_path(out, cell), encoding="utf-8") as f:
             rows.extend(json.load(f))
-    columns = list(rows[0])
-    lines = [",".join(columns)] + [",".join("" if r[c] is None else str(r[c]) for c in columns) for r in rows]
+    columns = list(dict.fromkeys(c for r in rows for c in r))  # cells written by older versions lack new columns
+    lines = [",".join(columns)] + [",".join("" if r.get(c) is None else str(r[c]) for c in columns) for r in rows]
     atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
     return {
         "cells": len(every), "resumed": len(every) - len(todo), "rows": len(rows), "backend": backend,

@@ -19,7 +19,7 @@ __all__ = ["load_rows", "method_label", "gain_table", "winners", "markdown_repor
 
 def load_rows(path: str) -> list[dict[str, Any]]:
     """The rows of a sweep's ``results.csv`` with numbers parsed."""
-    ints = ("k", "n", "D", "L", "seed")
+    ints = ("k", "n", "D", "L", "seed", "k_selected")
     floats = ("lambda", "tau", "V", "V_se", "V0", "V_star", "normalized_gain", "fit_seconds")
     rows = []
     with open(path, encoding="utf-8", newline="") as f:
@@ -37,8 +37,10 @@ def load_rows(path: str) -> list[dict[str, Any]]:
 
 
 def method_label(row: dict[str, Any]) -> str:
-    """``ips``, ``dr/pairwise``, ``rpod(k=2)/additive``, ..."""
+    """``ips``, ``dr/pairwise``, ``rpod(k=2)/additive``, ``rpod-oracle(V/20)/pairwise``, ..."""
     name = row["method"] if row["k"] is None else f"{row['method']}(k={row['k']})"
+    if row["method"] == "rpod-oracle":
+        name = f"rpod-oracle({row['selector'].split(':', 1)[-1]})"
     return name if row["reward_model"] in ("-", "", None) else f"{name}/{row['reward_model']}"
 
 
@@ -78,8 +80,8 @@ def winners(table: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
     regression, with paired differences (mean, SE, seeds won) against both."""
     cells: dict[tuple, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     for (d, l, lam, n, label), stats in table.items():
-        if "(k=0)" in label or f"(k={l})" in label:
-            continue  # aliases of regression / DR
+        if "(k=0)" in label or f"(k={l})" in label or label.startswith("rpod-oracle"):
+            continue  # aliases of regression / DR; the oracle knows the true values
         cells[(d, l, lam, n)].append((label, stats))
     out = []
     for key in sorted(cells):
@@ -131,7 +133,7 @@ def markdown_report(rows: list[dict[str, Any]]) -> str:
 
 
 def _label_order(label: str) -> tuple:
-    order = {"ips": 0, "iips": 1, "rips": 2, "dr": 3, "regression": 4, "rpod": 5}
+    order = {"ips": 0, "iips": 1, "rips": 2, "dr": 3, "regression": 4, "rpod": 5, "rpod-ope": 6, "rpod-oracle": 7}
     method = label.split("(")[0].split("/")[0]
     k = int(label.split("k=")[1].split(")")[0]) if "k=" in label else -1
     model = label.split("/")[1] if "/" in label else ""

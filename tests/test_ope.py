@@ -95,3 +95,21 @@ def test_bad_arguments(setting):
         ope.evaluate(policies["pl"], dataclasses.replace(data, log_pi0_position_marginal=None), make_key(0), estimators=("iips",))
     with pytest.raises(TypeError, match="policy must be"):
         ope.target_propensities(object(), data, make_key(0))
+
+
+def test_select_k_returns_the_best_estimate_and_validates(setting):
+    from opl_rank.learners import LearnerConfig
+    from opl_rank.select_k import select_k
+
+    _, data, _, _, _ = setting
+    fast = TrainConfig(epochs=2, batch_size=512, learning_rate=5e-2)
+    config = LearnerConfig("rpod", k=0, reward_model="pairwise", train=fast, reward_train=fast)
+    chosen = select_k(data.take(np.arange(3000)), make_key(9), config, ks=(0, 1, 3), estimator="dr")
+    assert [row["k"] for row in chosen.table] == [0, 1, 3] and set(chosen.policies) == {0, 1, 3}
+    assert chosen.k == max(chosen.table, key=lambda row: row["value"])["k"]
+    with pytest.raises(ValueError, match="needs an 'rpod'"):
+        select_k(data, make_key(0), LearnerConfig("ips"))
+    with pytest.raises(ValueError, match="estimator must be"):
+        select_k(data, make_key(0), config, estimator="magic")
+    with pytest.raises(ValueError, match="ks must be ints"):
+        select_k(data, make_key(0), config, ks=(0, 7))

@@ -86,3 +86,20 @@ def test_process_backend_gives_the_serial_results(tmp_path, capsys):
             tables[backend] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)]
     assert len(tables["serial"]) == 2 * 3
     assert tables["processes"] == tables["serial"]
+
+
+def test_k_selection_rows_point_at_fitted_rpod_values(tmp_path, capsys):
+    out = tmp_path / "select"
+    args = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=rpod,rpod-ope,rpod-oracle", "--set", "ks=0,1,2,3",
+            "--set", "reward_models=pairwise", "--set", f"output_dir={out}", "--json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    rpod = {int(r["k"]): float(r["V"]) for r in rows if r["method"] == "rpod"}
+    selected = [r for r in rows if r["method"] in ("rpod-ope", "rpod-oracle")]
+    assert sorted(r["selector"] for r in selected) == ["ope:dr", "oracle:V/10", "oracle:V/20"]
+    for r in selected:
+        assert float(r["V"]) == rpod[int(r["k_selected"])]  # the chosen k's full-data fit
+        if r["method"] == "rpod-oracle":  # noise of at most |V|/10 around the truth
+            assert float(r["V"]) >= max(rpod.values()) - 0.2 * max(abs(v) for v in rpod.values())

@@ -1,0 +1,85 @@
+"""Choosing R-POD's k from logged data alone, by off-policy evaluation on a hold-out split.
+
+``select_k`` splits the rounds into a training and a hold-out part, fits R-POD for every
+candidate k on the training part, estimates each fitted policy's value on the hold-out
+part with one OPE estimator (:mod:`opl_rank.ope`), and returns the k with the highest
+estimate together with the whole table. The estimator's reward model (for dm, dr, topk)
+is fitted on the training part, with the learner's reward-model kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+from opl_rank import ope
+from opl_rank.data import LoggedData, train_val_split
+from opl_rank.learners import LearnerConfig, fit
+from opl_rank.reward_models import fit_reward_model
+
+__all__ = ["KSelection", "select_k"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KSelection:
+    """The chosen k and, per candidate, the OPE result on the hold-out rounds."""
+
+    k: int
+    estimator: str
+    table: list[dict[str, Any]]  # one row per k: k, value, stderr, ci_low, ci_high, ess
+    policies: dict[int, Any]  # the candidates, fitted on the training part
+
+
+def select_k(
+    data: LoggedData,
+    key: jax.Array,
+    config: LearnerConfig,
+    *,
+    ks: Sequence[int] | None = None,
+    estimator: str = "dr",
+    holdout_fraction: float = 0.3,
+    ci: str = "normal",
+) -> KSelection:
+    """Pick R-POD's k by OPE on held-out rounds.
+
+    Args:
+      data: logged rounds.
+      key: PRNG key.
+      config: an ``rpod`` :class:`LearnerConfig` (its ``k`` is replaced by each candidate).
+      ks: candidates (default every k in ``0..L``).
+      estimator: one of :data:`opl_rank.ope.ESTIMATORS` (``topk`` uses each candidate's k).
+      holdout_fraction: share of rounds held out, in (0, 1).
+      ci: interval method passed to :func:`opl_rank.ope.evaluate`.
+
+    Returns:
+      :class:`KSelection`; ties go to the smaller k.
+    """
+    if config.method != "rpod":
+        raise ValueError(f"select_k needs an 'rpod' LearnerConfig, got method {config.method!r}")
+    if estimator not in ope.ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ope.ESTIMATORS}, got {estimator!r}")
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
+    n_slots = data.ranking_length
+    ks = tuple(range(n_slots + 1)) if ks is None else tuple(ks)
+    if not ks or any(not isinstance(k, int) or not 0 <= k <= n_slots for k in ks):
+        raise ValueError(f"ks must be ints in [0, L={n_slots}], got {ks}")
+    k_split, k_model, k_fit, k_ope = jax.random.split(key, 4)
+    train, holdout = train_val_split(data, k_split, holdout_fraction)
+    reward_model = None
+    if estimator in ("dm", "dr", "topk"):
+        reward_model = fit_reward_model(train, k_model, kind=config.reward_model, hidden=config.reward_hidden, config=config.reward_train)
+    table, policies = [], {}
+    for k in ks:
+        policy = fit(train, k_fit, dataclasses.replace(config, k=k))
+        result = ope.evaluate(
+            policy, holdout, jax.random.fold_in(k_ope, k), estimators=(estimator,), reward_model=reward_model,
+            k=k if estimator == "topk" else None, ci=ci,
+        )[estimator]
+        policies[k] = policy
+        table.append({"k": k, "value": result.value, "stderr": result.stderr, "ci_low": result.ci_low,
+                      "ci_high": result.ci_high, "ess": result.ess})
+    best = max(table, key=lambda row: (row["value"], -row["k"]))
+    return KSelection(best["k"], estimator, table, policies)
