@@ -27,7 +27,7 @@ import yaml
 
 from experiments.config import build_dataclass, load_yaml
 
-__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows"]
+__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "load_logging_policy"]
 
 _POLICY_METHODS = ("ips", "iips", "rips")
 _MODEL_METHODS = ("dr", "regression", "rpod")
@@ -47,6 +47,7 @@ class OPLSweep:
     methods: tuple[str, ...] = ("ips", "dr", "iips", "rips", "regression", "rpod")
     ks: tuple[int, ...] | None = None  # R-POD's k; None: every k in 0..L
     reward_models: tuple[str, ...] = ("additive", "pairwise")
+    logging_policy: str = "pl"  # "pl" (the paper's linear PL / tau), "uniform", or "module:function"
     sigma: float = 0.5
     interaction_scale: float = 1.0
     eval_contexts: int = 20_000
@@ -78,6 +79,8 @@ class OPLSweep:
             raise ValueError(f"ope_estimator must be one of {[e for e in ESTIMATORS if e != 'iips']}, got {self.ope_estimator!r}")
         if not 0.0 < self.ope_holdout < 1.0:
             raise ValueError(f"ope_holdout must be in (0, 1), got {self.ope_holdout}")
+        if self.logging_policy not in ("pl", "uniform"):
+            load_logging_policy(self.logging_policy)  # fails early, naming the problem
         if any(v <= 0 for v in self.oracle_noise):
             raise ValueError(f"oracle_noise values must be > 0, got {self.oracle_noise}")
         unknown = sorted(set(self.reward_models) - set(REWARD_MODEL_KINDS))
@@ -146,16 +149,38 @@ def _cell_name(cell: dict[str, Any]) -> str:
     return "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
 
 
+def load_logging_policy(spec: str) -> Callable:
+    """A user's logging policy ``"module:function"``: ``fn(context [n, dx], item_features
+    [D, D]) -> logits [n, D]`` (item features are one-hot ids; logits are divided by tau)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"logging_policy must be 'pl', 'uniform' or 'module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"logging_policy {spec!r}: cannot import module {module_name!r} ({err})") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"logging_policy {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
 @functools.lru_cache(maxsize=8)
 def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
     """The cell's environment and its ground truth V(pi_0), V* (shared by every n)."""
     from opl_rank import prng
     from simulators import SyntheticRankingEnv
+    from simulators.logging_policies import CallableLogging
 
     k_env, _, k_eval, _ = prng.split_seed(seed, 4)
+    logging_policy = {"pl": None, "uniform": "uniform"}.get(sweep.logging_policy)
+    if sweep.logging_policy not in ("pl", "uniform"):
+        logging_policy = CallableLogging(load_logging_policy(sweep.logging_policy), n_items, temperature=tau)
     env = SyntheticRankingEnv.create(
         k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=sweep.sigma,
-        interaction_scale=sweep.interaction_scale, logging_temperature=tau,
+        interaction_scale=sweep.interaction_scale, logging_temperature=tau, logging_policy=logging_policy,
     )
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -57,6 +58,9 @@ def test_grid_and_rows():
         (["--set", "ks=9"], "ks must be in [0, L]"),
         (["--set", "colour=blue"], "unknown key(s) ['colour']"),
         (["--set", "n=many"], "n[0] must be an integer"),
+        (["--set", "logging_policy=no_such_module:fn"], "cannot import module 'no_such_module'"),
+        (["--set", "logging_policy=tests.user_logging:missing"], "has no function 'missing'"),
+        (["--set", "logging_policy=greedy"], "must be 'pl', 'uniform' or 'module:function'"),
     ],
 )
 def test_sweep_config_errors(extra, message, capsys):
@@ -103,3 +107,16 @@ def test_k_selection_rows_point_at_fitted_rpod_values(tmp_path, capsys):
         assert float(r["V"]) == rpod[int(r["k_selected"])]  # the chosen k's full-data fit
         if r["method"] == "rpod-oracle":  # noise of at most |V|/10 around the truth
             assert float(r["V"]) >= max(rpod.values()) - 0.2 * max(abs(v) for v in rpod.values())
+
+
+def test_user_logging_policy_from_module_function(tmp_path, capsys):
+    base = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=ips", "--json"]
+    out = tmp_path / "user"
+    assert main(base + ["--set", "logging_policy=tests.user_logging:favour_low_ids", "--set", f"output_dir={out}"]) == 0
+    capsys.readouterr()
+    with open(out / "results.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert math.isfinite(float(row["V"])) and float(row["V0"]) != 0.0
+    # A function returning the wrong shape fails the sweep with a message naming it.
+    assert main(base + ["--set", "logging_policy=tests.user_logging:wrong_shape", "--set", f"output_dir={tmp_path / 'bad'}"]) == 2
+    assert "logging policy 'wrong_shape' returned logits of shape" in capsys.readouterr().err
