@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("results", help="a sweep's results.csv")
     report.add_argument("--output", default=None, help="also write the markdown here (atomically)")
+    report.add_argument("--plots", default=None, metavar="DIR", help="also write the standard PNG plots here")
     return parser
 
 
@@ -179,10 +180,16 @@ def _report(args: argparse.Namespace) -> None:
 
     if not os.path.exists(args.results):
         raise ValueError(f"results file {args.results!r} does not exist")
-    text = markdown_report(load_rows(args.results))
+    rows = load_rows(args.results)
+    text = markdown_report(rows)
     if args.output:
         atomic_write_text(args.output, text)
     print(text, end="")
+    if args.plots:
+        from experiments.plots import write_plots
+
+        for path in write_plots(rows, args.plots):
+            print(f"wrote {path}")
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

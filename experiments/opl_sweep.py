@@ -330,7 +330,20 @@ def run_sweep(
     columns = list(dict.fromkeys(c for r in rows for c in r))  # cells written by older versions lack new columns
     lines = [",".join(columns)] + [",".join("" if r.get(c) is None else str(r[c]) for c in columns) for r in rows]
     atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
+    plots = _plots(rows, os.path.join(out, "plots"), echo)
     return {
         "cells": len(every), "resumed": len(every) - len(todo), "rows": len(rows), "backend": backend,
-        "seconds": time.perf_counter() - start, "results": os.path.join(out, "results.csv"),
+        "seconds": time.perf_counter() - start, "results": os.path.join(out, "results.csv"), "plots": len(plots),
     }
+
+
+def _plots(rows: list[dict[str, Any]], out_dir: str, echo: Callable[[str], None]) -> list[str]:
+    """The standard PNGs (skipped, with a note, when matplotlib is not installed)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        echo("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        return []
+    from experiments.plots import write_plots
+
+    return write_plots(rows, out_dir)

@@ -57,5 +57,11 @@ def test_report_cli_reads_a_results_csv(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| rpod(k=2)/pairwise | 0.947 ± 0.009 |" in text
     assert (tmp_path / "report.md").read_text() == text == markdown_report(load_rows(str(path)))
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (scripts/setup.sh --test installs it)")
+    assert main(["report", str(path), "--plots", str(tmp_path / "plots")]) == 0
+    capsys.readouterr()
+    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert pngs == ["gain_vs_k.png", "gain_vs_lambda.png", "gain_vs_n.png", "value_vs_k.png"]
+    assert all((tmp_path / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert main(["report", str(tmp_path / "missing.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""Standard plots of a sweep's results (PNG, matplotlib's Agg backend).
+
+  gain_vs_k.png       normalised gain of R-POD against k, one panel per (D, reward model),
+                      a line per (lambda, n) -- the paper's main figure
+  value_vs_k.png      the same with V
+  gain_vs_n.png       normalised gain against n, one panel per (D, lambda), a line per method
+  gain_vs_lambda.png  normalised gain against lambda, one panel per (D, n), a line per method
+
+Points are means over seeds, bars one standard error. R-POD's per-k rows are summarised
+in the method plots by ``rpod-ope`` (when run) and by regression (k=0) / DR (k=L).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from experiments.report import gain_table
+
+__all__ = ["write_plots"]
+
+
+def _axes(n_panels: int, width: float = 4.2, height: float = 3.2):
+    import matplotlib.pyplot as plt
+
+    cols = min(3, n_panels)
+    rows = -(-n_panels // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def _save(fig, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    from opl_rank.atomic import atomic_write
+
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
+    plt.close(fig)
+    return path
+
+
+def _vs_k(rows, value: str, out: str) -> str:
+    table = gain_table([r for r in rows if r["method"] == "rpod"], value=value)
+    k_of = lambda label: int(label.split("k=")[1].split(")")[0])
+    panels = sorted({(key[0], key[4].split("/")[-1]) for key in table})
+    fig, axes = _axes(len(panels))
+    for ax, (d, model) in zip(axes, panels):
+        for l, lam, n in sorted({key[1:4] for key in table if key[0] == d}):
+            pts = sorted((k_of(key[4]), v) for key, v in table.items() if key[:4] == (d, l, lam, n) and key[4].endswith("/" + model))
+            ax.errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts], yerr=[p[1]["se"] for p in pts],
+                        marker="o", capsize=2, label=f"λ={lam:g}, n={n}")
+        ax.set(title=f"R-POD, D={d}, f_hat {model}", xlabel="k", ylabel="normalised gain" if value == "normalized_gain" else "V")
+        ax.legend(fontsize=6)
+    return _save(fig, out)
+
+
+def _method_lines(rows, x_name: str, panel_names: tuple[str, str], out: str) -> str:
+    keep = [r for r in rows if r["method"] != "rpod" and r["method"] != "rpod-oracle"]
+    table = gain_table(keep)
+    index = {"D": 0, "lambda": 2, "n": 3}
+    panels = sorted({(key[index[panel_names[0]]], key[index[panel_names[1]]]) for key in table})
+    fig, axes = _axes(len(panels))
+    for ax, panel in zip(axes, panels):
+        inside = {key: v for key, v in table.items() if (key[index[panel_names[0]]], key[index[panel_names[1]]]) == panel}
+        for label in sorted({key[4] for key in inside}):
+            pts = sorted((key[index[x_name]], v) for key, v in inside.items() if key[4] == label)
+            ax.errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts], yerr=[p[1]["se"] for p in pts], marker="o", capsize=2, label=label)
+        ax.set(title=f"{panel_names[0]}={panel[0]:g}, {panel_names[1]}={panel[1]:g}", xlabel=x_name, ylabel="normalised gain")
+        if x_name == "n":
+            ax.set_xscale("log")
+        ax.legend(fontsize=6)
+    return _save(fig, out)
+
+
+def write_plots(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
+    """Write the standard PNGs for ``rows`` (from :func:`experiments.report.load_rows` or a
+    sweep) into ``out_dir``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    if any(r["method"] == "rpod" for r in rows):
+        paths.append(_vs_k(rows, "normalized_gain", os.path.join(out_dir, "gain_vs_k.png")))
+        paths.append(_vs_k(rows, "V", os.path.join(out_dir, "value_vs_k.png")))
+    paths.append(_method_lines(rows, "n", ("D", "lambda"), os.path.join(out_dir, "gain_vs_n.png")))
+    paths.append(_method_lines(rows, "lambda", ("D", "n"), os.path.join(out_dir, "gain_vs_lambda.png")))
+    return paths
