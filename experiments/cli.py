@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--config", required=True, help="YAML config (see experiments/configs/synthetic_opl.yaml)")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
-    sweep.add_argument("--backend", default="serial", choices=["serial", "processes"], help="where cells run (default: serial)")
+    sweep.add_argument("--backend", default="serial", choices=["serial", "processes", "ray"], help="where cells run (default: serial)")
+    sweep.add_argument("--ray-address", default=None, help="an existing Ray cluster for --backend ray (default: start a local one)")
     sweep.add_argument("--workers", type=int, default=None, help="worker processes for --backend processes (default: CPU count)")
     sweep.add_argument(
         "--compilation-cache", default=None, metavar="DIR",
@@ -170,7 +171,7 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
     return run_sweep(
         sweep, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
-        backend=args.backend, workers=args.workers, compilation_cache=cache or None,
+        backend=args.backend, workers=args.workers, compilation_cache=cache or None, ray_address=args.ray_address,
     )
 
 

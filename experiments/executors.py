@@ -1,4 +1,4 @@
-"""Where a sweep's jobs run: in this process, or in a pool of local worker processes.
+"""Where a sweep's jobs run: in this process, in local worker processes, or on Ray.
 
 A job is a picklable top-level function and its arguments; results come back in
 completion order through ``on_result``. Jobs derive their PRNG keys from their own cell
@@ -9,6 +9,12 @@ to one thread per worker (two single-threaded workers on two cores finish ~1.5x 
 cells per minute than one process using both), and points JAX's persistent compilation
 cache at a shared directory so a kernel compiled by one worker is loaded by the others
 and by later runs.
+
+``ray`` submits each job as a Ray task (one CPU each) to the cluster at ``ray_address``
+(e.g. ``"auto"`` or ``"ray://head:10001"``), or to a local Ray instance it starts and
+stops itself. Tasks get the same single-thread XLA setting and this checkout on their
+``PYTHONPATH`` (enough on one machine or a shared file system; elsewhere install
+opl_rank on the cluster's nodes).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["BACKENDS", "run_jobs", "default_compilation_cache"]
 
-BACKENDS = ("serial", "processes")
+BACKENDS = ("serial", "processes", "ray")
+_SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 def default_compilation_cache() -> str:
@@ -35,13 +42,13 @@ def _enable_compilation_cache(cache_dir: str | None) -> None:
 
     os.makedirs(cache_dir, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
 def _init_worker(cache_dir: str | None) -> None:
     # Before JAX is imported in this fresh (spawned) interpreter.
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA}".strip()
     _enable_compilation_cache(cache_dir)
 
 
@@ -53,6 +60,7 @@ def run_jobs(
     backend: str = "serial",
     workers: int | None = None,
     compilation_cache: str | None = None,
+    ray_address: str | None = None,
 ) -> None:
     """Run ``fn(*job)`` for every job; call ``on_result(job, result)`` as each finishes.
 
@@ -63,6 +71,8 @@ def run_jobs(
       backend: ``"serial"`` or ``"processes"``.
       workers: worker processes (default: the CPU count; ``processes`` only).
       compilation_cache: directory for JAX's persistent compilation cache (None: off).
+      ray_address: an existing Ray cluster (``ray`` only; None starts a local instance
+        with ``workers`` CPUs).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -72,6 +82,9 @@ def run_jobs(
         _enable_compilation_cache(compilation_cache)
         for job in jobs:
             on_result(job, fn(*job))
+        return
+    if backend == "ray":
+        _run_on_ray(fn, jobs, on_result, workers, compilation_cache, ray_address)
         return
     n_workers = min(workers or os.cpu_count() or 1, len(jobs))
     context = multiprocessing.get_context("spawn")
@@ -87,3 +100,34 @@ def run_jobs(
                 future.cancel()
             raise
 
+
+
+def _ray_task(fn: Callable[..., Any], job: tuple, cache_dir: str | None) -> Any:
+    _enable_compilation_cache(cache_dir)
+    return fn(*job)
+
+
+def _run_on_ray(fn, jobs, on_result, workers, cache_dir, address) -> None:
+    try:
+        import ray
+    except ImportError as err:
+        raise RuntimeError("backend 'ray' needs Ray: pip install 'opl_rank[ray]'") from err
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
+    runtime_env = {"env_vars": {"PYTHONPATH": path, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {_SINGLE_THREAD_XLA}".strip()}}
+    started = not ray.is_initialized()
+    if started:
+        if address:
+            ray.init(address=address, runtime_env=runtime_env)
+        else:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env)
+    try:
+        task = ray.remote(num_cpus=1)(_ray_task).options(runtime_env=runtime_env)
+        pending = {task.remote(fn, job, cache_dir): job for job in jobs}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                on_result(pending.pop(ref), ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()

@@ -289,6 +289,7 @@ def run_sweep(
     backend: str = "serial",
     workers: int | None = None,
     compilation_cache: str | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
@@ -321,7 +322,7 @@ def run_sweep(
 
     run_jobs(
         _run_cells, [(sweep, group, out) for group in jobs.values()], report,
-        backend=backend, workers=workers, compilation_cache=compilation_cache,
+        backend=backend, workers=workers, compilation_cache=compilation_cache, ray_address=ray_address,
     )
     rows: list[dict[str, Any]] = []
     for cell in every:  # read back in grid order: the table does not depend on the backend
