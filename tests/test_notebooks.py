@@ -25,6 +25,8 @@ EXPECTED_COLUMNS = {
     "exposure_ltr_curves": {
         "curves.csv": {"estimator", "n_samples", "seed", "epoch", "valid_ndcg@10", "train_loss", "valid_loss", "seconds"},
     },
+    "opl_quickstart": {"policies.csv": {"policy", "V_true", "V0", "dr", "snips", "dr_ess"}},
+    "opl_sweep_analysis": {"k_selection.csv": {"k_true_best", "k_selected", "gain_lost"}},
 }
 # notebook stem -> data files it reads (skipped with a reason when they are missing)
 NEEDS_DATA = {

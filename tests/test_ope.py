@@ -42,7 +42,7 @@ def setting():
 def test_estimates_are_unbiased_within_4_standard_errors(setting, policy_name):
     _, data, model, policies, truth = setting
     names = ("ips", "snips", "dr", "iips", "rips")
-    got = ope.evaluate(policies[policy_name], data, make_key(5), estimators=names, reward_model=model, ci="normal")
+    got = ope.evaluate(policies[policy_name], data, make_key(5), estimators=names, reward_model=model, ci="normal", n_samples=64)
     want = truth[policy_name]
     for name in names:
         r = got[name]
@@ -104,8 +104,8 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
     _, data, _, _, _ = setting
     fast = TrainConfig(epochs=2, batch_size=512, learning_rate=5e-2)
     config = LearnerConfig("rpod", k=0, reward_model="pairwise", train=fast, reward_train=fast)
-    chosen = select_k(data.take(np.arange(3000)), make_key(9), config, ks=(0, 1, 3), estimator="dr")
-    assert [row["k"] for row in chosen.table] == [0, 1, 3] and set(chosen.policies) == {0, 1, 3}
+    chosen = select_k(data.take(np.arange(1500)), make_key(9), config, ks=(0, 1), estimator="dr")
+    assert [row["k"] for row in chosen.table] == [0, 1] and set(chosen.policies) == {0, 1}
     assert chosen.k == max(chosen.table, key=lambda row: row["value"])["k"]
     with pytest.raises(ValueError, match="needs an 'rpod'"):
         select_k(data, make_key(0), LearnerConfig("ips"))
