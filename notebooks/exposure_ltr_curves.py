@@ -249,7 +249,7 @@ table = pd.DataFrame(
         "N": summary["N"],
         f"final {NDCG}": [pm(m, s) for m, s in zip(summary["final_mean"], summary["final_se"])],
         f"best {NDCG}": [pm(m, s) for m, s in zip(summary["best_mean"], summary["best_se"])],
-        f"mean over epochs": [pm(m, s) for m, s in zip(summary["auc_mean"], summary["auc_se"])],
+        "mean over epochs": [pm(m, s) for m, s in zip(summary["auc_mean"], summary["auc_se"])],
         f"epochs to {TARGET_FRACTION:.0%} of best": [
             "never" if not np.isfinite(e) else str(int(e)) for e in summary["epochs_to_target"]
         ],

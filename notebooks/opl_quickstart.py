@@ -16,7 +16,6 @@
 # %%
 import os
 
-import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd

@@ -5,7 +5,7 @@ import numpy as np
 
 def favour_low_ids(context, item_features):
     """Logits that prefer low item ids, plus a little of the context (numpy)."""
-    n, d = np.asarray(context).shape[0], np.asarray(item_features).shape[0]
+    d = np.asarray(item_features).shape[0]
     return -0.5 * np.arange(d)[None, :] + 0.1 * np.asarray(context)[:, :1]
 
 
