@@ -5,7 +5,8 @@ method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared
 evaluation contexts (paired comparisons). Each finished cell is written atomically as
 ``cells/<cell>.json``; a stopped sweep resumes and skips finished cells. At the end all
 rows are gathered into ``results.csv`` (one tidy row per method, k, reward model and cell)
-next to the resolved ``config.yaml``.
+next to the resolved ``config.yaml``, ``results.parquet`` (with pandas and pyarrow) and
+the standard plots (with matplotlib).
 
 Rows for R-POD at k = 0 and k = L reuse the regression and DR fits of the same cell: they
 are the same estimators (k = 0 is regression, k = L is DR), fitted with the same key.
@@ -331,11 +332,34 @@ def run_sweep(
     columns = list(dict.fromkeys(c for r in rows for c in r))  # cells written by older versions lack new columns
     lines = [",".join(columns)] + [",".join("" if r.get(c) is None else str(r[c]) for c in columns) for r in rows]
     atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
+    parquet = _write_parquet(rows, columns, os.path.join(out, "results.parquet"), echo)
     plots = _plots(rows, os.path.join(out, "plots"), echo)
     return {
         "cells": len(every), "resumed": len(every) - len(todo), "rows": len(rows), "backend": backend,
-        "seconds": time.perf_counter() - start, "results": os.path.join(out, "results.csv"), "plots": len(plots),
+        "seconds": time.perf_counter() - start, "results": os.path.join(out, "results.csv"), "parquet": parquet, "plots": len(plots),
     }
+
+
+def _write_parquet(rows: list[dict[str, Any]], columns: list[str], path: str, echo: Callable[[str], None]) -> bool:
+    """``results.parquet`` (atomically) when pandas and pyarrow are installed."""
+    try:
+        import pandas as pd
+        import pyarrow  # noqa: F401
+    except ImportError:
+        echo("results.parquet skipped: needs pandas and pyarrow (pip install pandas pyarrow)")
+        return False
+    import io
+
+    from opl_rank.atomic import atomic_write
+
+    frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=columns)
+    for name in ("k", "k_selected"):
+        if name in frame:
+            frame[name] = frame[name].astype("Int64")  # integers with missing values
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    atomic_write(path, lambda f: f.write(buffer.getvalue()))
+    return True
 
 
 def _plots(rows: list[dict[str, Any]], out_dir: str, echo: Callable[[str], None]) -> list[str]:

@@ -32,6 +32,11 @@ def test_sweep_writes_tidy_rows_and_resumes(tmp_path, capsys):
         assert vstar >= v - 4 * float(r["V_se"])  # nothing beats the optimum
         assert abs(float(r["normalized_gain"]) - (v - v0) / (vstar - v0)) < 1e-9
         assert r["V_star_method"] == "exact"
+    pd = pytest.importorskip("pandas", reason="pandas is not installed (scripts/setup.sh --test installs it)")
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (scripts/setup.sh --test installs it)")
+    frame = pd.read_parquet(out / "results.parquet")
+    assert len(frame) == len(rows) and list(frame.columns) == list(rows[0])
+    assert frame["V"].tolist() == [float(r["V"]) for r in rows]
     by = {(r["method"], r["k"], r["reward_model"]): float(r["V"]) for r in rows}
     assert by[("rpod", "0", "additive")] == by[("regression", "", "additive")]  # k = 0 is regression
     assert by[("rpod", "3", "pairwise")] == by[("dr", "", "pairwise")]  # k = L is DR
