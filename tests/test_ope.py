@@ -25,7 +25,7 @@ def setting():
     # lambda = 0: rewards are independent across slots, so every importance estimator
     # (IPS, SNIPS, RIPS, IIPS) and DR is unbiased for every target policy.
     env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L, lam=0.0, logging_temperature=2.0)
-    data = env.sample_logged_data(make_key(1), 20000, position_marginals="exact")
+    data = env.sample_logged_data(make_key(1), 12000, position_marginals="exact")
     model = fit_reward_model(data, make_key(2), kind="pairwise", config=TrainConfig(epochs=8, batch_size=256, learning_rate=3e-2))
     module = ActionScorer(n_items=D)
     params = jax.tree.map(lambda p: 0.6 * p, module.init(make_key(3), data.context[:1]))
@@ -34,7 +34,7 @@ def setting():
         "regression": RegressionPolicy(model),
         "two_stage": TwoStagePolicy(PLPolicy(module, params, 1), model),
     }
-    truth = {name: env.policy_value(p, make_key(4), 200_000) for name, p in policies.items()}
+    truth = {name: env.policy_value(p, make_key(4), 100_000) for name, p in policies.items()}
     return env, data, model, policies, truth
 
 
@@ -104,7 +104,7 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
     _, data, _, _, _ = setting
     fast = TrainConfig(epochs=2, batch_size=512, learning_rate=5e-2)
     config = LearnerConfig("rpod", k=0, reward_model="pairwise", train=fast, reward_train=fast)
-    chosen = select_k(data.take(np.arange(1500)), make_key(9), config, ks=(0, 1), estimator="dr")
+    chosen = select_k(data.take(np.arange(800)), make_key(9), config, ks=(0, 1), estimator="dr")
     assert [row["k"] for row in chosen.table] == [0, 1] and set(chosen.policies) == {0, 1}
     assert chosen.k == max(chosen.table, key=lambda row: row["value"])["k"]
     with pytest.raises(ValueError, match="needs an 'rpod'"):
