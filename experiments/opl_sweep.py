@@ -2,7 +2,9 @@
 
 A cell is one (D, L, tau, lambda, n, seed): one environment, one logged data set, every
 method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared set of
-evaluation contexts (paired comparisons). Each finished cell is written atomically as
+evaluation contexts (paired comparisons). Cells that differ only in their seed share
+shapes and run as one group: every method is fitted on all of the group's data sets at
+once, vmapped over seeds (``vmap_seeds``, on by default). Each finished cell is written atomically as
 ``cells/<cell>.json``; a stopped sweep resumes and skips finished cells. At the end all
 rows are gathered into ``results.csv`` (one tidy row per method, k, reward model and cell)
 next to the resolved ``config.yaml``, ``results.parquet`` (with pandas and pyarrow) and
@@ -33,12 +35,18 @@ __all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "load_
 _POLICY_METHODS = ("ips", "iips", "rips")
 _MODEL_METHODS = ("dr", "regression", "rpod")
 _SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
+_SIMULATORS = {"synthetic": ("pl", "uniform"), "semi_synthetic": ("random_forest", "uniform")}  # built-in logging
 
 
 @dataclasses.dataclass(frozen=True)
 class OPLSweep:
     """A sweep config (every grid key takes a list)."""
 
+    simulator: str = "synthetic"  # "synthetic" or "semi_synthetic" (queries of a LETOR file)
+    letor_path: str | None = None  # semi_synthetic: the LETOR/SVMlight file
+    letor_normalize: str | None = None  # semi_synthetic: None, "minmax" or "zscore" per query
+    eta_scale: float = 0.05  # semi_synthetic: sd of the per-document base-reward noise
+    forest_fraction: float = 0.1  # semi_synthetic: share of queries training the random forest
     n_items: tuple[int, ...] = (10,)
     ranking_length: tuple[int, ...] = (5,)
     tau: tuple[float, ...] = (1.0,)
@@ -48,7 +56,8 @@ class OPLSweep:
     methods: tuple[str, ...] = ("ips", "dr", "iips", "rips", "regression", "rpod")
     ks: tuple[int, ...] | None = None  # R-POD's k; None: every k in 0..L
     reward_models: tuple[str, ...] = ("additive", "pairwise")
-    logging_policy: str = "pl"  # "pl" (the paper's linear PL / tau), "uniform", or "module:function"
+    logging_policy: str = "pl"  # "pl" (synthetic: the paper's linear PL / tau), "random_forest"
+    # (semi_synthetic: PL over a random forest / tau), "uniform", or "module:function"
     sigma: float = 0.5
     interaction_scale: float = 1.0
     eval_contexts: int = 20_000
@@ -61,6 +70,9 @@ class OPLSweep:
     ope_estimator: str = "dr"  # rpod-ope: the estimator that picks k on held-out rounds
     ope_holdout: float = 0.3
     oracle_noise: tuple[float, ...] = (20.0, 10.0)  # rpod-oracle: Dmax = |V| / each value
+    vmap_seeds: bool | str = "auto"  # fit a cell's seeds together, vmapped; auto: on GPU/TPU only
+    policy_hidden: tuple[int, ...] = ()  # hidden sizes of the policies' scorers (() = linear)
+    reward_hidden: tuple[int, ...] = ()  # hidden sizes of f_hat's item head
     output_dir: str = "results/opl_synthetic"
 
     def __post_init__(self) -> None:
@@ -80,8 +92,17 @@ class OPLSweep:
             raise ValueError(f"ope_estimator must be one of {[e for e in ESTIMATORS if e != 'iips']}, got {self.ope_estimator!r}")
         if not 0.0 < self.ope_holdout < 1.0:
             raise ValueError(f"ope_holdout must be in (0, 1), got {self.ope_holdout}")
-        if self.logging_policy not in ("pl", "uniform"):
+        if self.simulator not in _SIMULATORS:
+            raise ValueError(f"simulator must be one of {list(_SIMULATORS)}, got {self.simulator!r}")
+        builtin = _SIMULATORS[self.simulator]
+        if self.logging_policy not in builtin:
+            if ":" not in self.logging_policy:
+                raise ValueError(f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}")
             load_logging_policy(self.logging_policy)  # fails early, naming the problem
+        if self.simulator == "semi_synthetic" and not self.letor_path:
+            raise ValueError("simulator semi_synthetic needs letor_path (a LETOR/SVMlight file)")
+        if self.vmap_seeds not in (True, False, "auto"):
+            raise ValueError(f"vmap_seeds must be true, false or auto, got {self.vmap_seeds!r}")
         if any(v <= 0 for v in self.oracle_noise):
             raise ValueError(f"oracle_noise values must be > 0, got {self.oracle_noise}")
         unknown = sorted(set(self.reward_models) - set(REWARD_MODEL_KINDS))
@@ -114,8 +135,12 @@ def _as_grid(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
+    from experiments.config import resolve_path
+
     values = load_yaml(config_path)
     values.update(overrides)
+    if values.get("letor_path"):  # as written, else relative to the config file
+        values["letor_path"] = os.path.abspath(resolve_path(str(values["letor_path"]), config_path))
     return build_dataclass(OPLSweep, _as_grid(OPLSweep, values), source=config_path)
 
 
@@ -168,106 +193,150 @@ def load_logging_policy(spec: str) -> Callable:
     return fn
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=128)
 def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
     """The cell's environment and its ground truth V(pi_0), V* (shared by every n)."""
     from opl_rank import prng
     from simulators import SyntheticRankingEnv
     from simulators.logging_policies import CallableLogging
+    from simulators.semi_synthetic import SemiSyntheticEnv
 
     k_env, _, k_eval, _ = prng.split_seed(seed, 4)
-    logging_policy = {"pl": None, "uniform": "uniform"}.get(sweep.logging_policy)
-    if sweep.logging_policy not in ("pl", "uniform"):
+    logging_policy: Any = {"pl": None, "uniform": "uniform", "random_forest": "random_forest"}.get(sweep.logging_policy)
+    if sweep.logging_policy not in _SIMULATORS[sweep.simulator]:
         logging_policy = CallableLogging(load_logging_policy(sweep.logging_policy), n_items, temperature=tau)
-    env = SyntheticRankingEnv.create(
-        k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=sweep.sigma,
-        interaction_scale=sweep.interaction_scale, logging_temperature=tau, logging_policy=logging_policy,
-    )
+    common = dict(n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=sweep.sigma,
+                  interaction_scale=sweep.interaction_scale, logging_temperature=tau, logging_policy=logging_policy)
+    if sweep.simulator == "semi_synthetic":
+        letor = _letor(sweep.letor_path, sweep.letor_normalize)
+        env = SemiSyntheticEnv.create(k_env, letor, eta_scale=sweep.eta_scale, forest_fraction=sweep.forest_fraction, **common)
+    else:
+        env = SyntheticRankingEnv.create(k_env, **common)
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     return env, v0, v_star, star_method
 
 
-def _run_cell(sweep: OPLSweep, cell: dict[str, Any]) -> list[dict[str, Any]]:
+@functools.lru_cache(maxsize=4)
+def _letor(path: str, normalize: str | None):
+    from simulators.letor import load_letor
+
+    return load_letor(path, normalize=normalize)
+
+
+def _run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows of cells that differ only in their seed. Every method is fitted on all the
+    seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_replicas`) when
+    ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     from opl_rank import prng
-    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.learners import LearnerConfig, fit, fit_replicas
     from opl_rank.optimization import TrainConfig
-    from opl_rank.select_k import select_k
+    from opl_rank.select_k import select_k, select_k_replicas
 
-    _, k_data, k_eval, k_fit = prng.split_seed(cell["seed"], 4)
-    env, v0, v_star, star_method = _environment(sweep, cell["D"], cell["L"], cell["tau"], cell["lam"], cell["seed"])
+    keys = [prng.split_seed(cell["seed"], 4) for cell in group]
+    k_eval = [k[2] for k in keys]
+    k_fit = jnp.stack([k[3] for k in keys])
+    truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"]) for c in group]
     need_marginals = "iips" in sweep.methods
-    data = env.sample_logged_data(k_data, cell["n"], position_marginals="exact" if need_marginals else "none")
+    datas = [
+        env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none")
+        for (env, *_), k, c in zip(truth, keys, group)
+    ]
+    n_slots = group[0]["L"]
     train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
     reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
-    done: dict[tuple[str, int | None, str], tuple[Any, float]] = {}
+    together = len(group) > 1
+
+    item_feature_dim = getattr(truth[0][0], "n_features", None) or None  # semi-synthetic: score items by features
 
     def config(method, k, kind):
         return LearnerConfig(
             method, k=k, reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
-            train=train, reward_train=reward,
+            train=train, reward_train=reward, policy_hidden=sweep.policy_hidden, reward_hidden=sweep.reward_hidden,
+            item_feature_dim=item_feature_dim,
         )
 
-    def value_of(method, k, kind):
-        """(true value, seconds) of one fit, cached; R-POD at k = 0 / k = L reuses the
-        regression / DR fit (the same estimator, fitted with the same key)."""
-        alias = {0: ("regression", None, kind), cell["L"]: ("dr", None, kind)}.get(k) if method == "rpod" else None
+    done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}
+
+    def values_of(method, k, kind):
+        """([true value per seed], seconds per seed) of one fit, cached; R-POD at k = 0 /
+        k = L reuses the regression / DR fit (the same estimator, fitted with the same key)."""
+        alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
         key = alias if alias is not None else (method, k, kind)
         if key not in done:
             start = time.perf_counter()
-            policy = fit(data, k_fit, config(*key))
-            done[key] = (env.policy_value(policy, k_eval, sweep.eval_contexts), time.perf_counter() - start)
+            policies = fit_replicas(datas, k_fit, config(*key)) if together else [fit(datas[0], k_fit[0], config(*key))]
+            values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
+            done[key] = (values, (time.perf_counter() - start) / len(group))
         return done[key]
 
-    gap = v_star.value - v0.value
-    rows = []
-    for method, k, kind in method_rows(sweep, cell["L"]):
-        extra: dict[str, Any] = {"k_selected": None, "selector": ""}
-        if method in _SELECTION_METHODS:
-            candidates = _candidate_ks(sweep, cell["L"])
-            start = time.perf_counter()
-            if method == "rpod-ope":
-                selection = select_k(
-                    data, jax.random.fold_in(k_fit, 1), config("rpod", 0, kind), ks=candidates,
-                    estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout,
-                )
-                chosen, extra["selector"] = selection.k, f"ope:{sweep.ope_estimator}"
-            else:  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
-                values = np.array([value_of("rpod", c, kind)[0].value for c in candidates])
-                noise_key = jax.random.fold_in(jax.random.fold_in(k_fit, 2), int(k * 1000))
+    rows: list[list[dict[str, Any]]] = [[] for _ in group]
+    candidates = _candidate_ks(sweep, n_slots)
+    for method, k, kind in method_rows(sweep, n_slots):
+        start = time.perf_counter()
+        chosen: list[int | None] = [None] * len(group)
+        selector = ""
+        if method == "rpod-ope":
+            select_keys = jnp.stack([jax.random.fold_in(kf, 1) for kf in k_fit])
+            options = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
+            if together:
+                selections = select_k_replicas(datas, select_keys, config("rpod", 0, kind), **options)
+            else:
+                selections = [select_k(datas[0], select_keys[0], config("rpod", 0, kind), **options)]
+            chosen, selector = [sel.k for sel in selections], f"ope:{sweep.ope_estimator}"
+        elif method == "rpod-oracle":  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
+            table = np.array([[v.value for v in values_of("rpod", c, kind)[0]] for c in candidates])  # [K, S]
+            for s in range(len(group)):
+                noise_key = jax.random.fold_in(jax.random.fold_in(k_fit[s], 2), int(k * 1000))
                 noise = np.asarray(jax.random.uniform(noise_key, (len(candidates),), minval=-1.0, maxval=1.0))
-                chosen = candidates[int(np.argmax(values + noise * np.abs(values) / k))]
-                extra["selector"] = f"oracle:V/{k:g}"
-            value = value_of("rpod", chosen, kind)[0]
-            extra["k_selected"] = chosen
-            seconds = time.perf_counter() - start
+                chosen[s] = candidates[int(np.argmax(table[:, s] + noise * np.abs(table[:, s]) / k))]
+            selector = f"oracle:V/{k:g}"
+        if method in _SELECTION_METHODS:
+            values = [values_of("rpod", c, kind)[0][s] for s, c in enumerate(chosen)]
+            seconds = (time.perf_counter() - start) / len(group)
             k = None
         else:
-            value, seconds = value_of(method, k, kind)
-        rows.append({
-            "simulator": "synthetic", "method": method, "k": k, "reward_model": kind,
-            "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
-            "V": value.value, "V_se": value.stderr, "V0": v0.value, "V_star": v_star.value, "V_star_method": star_method,
-            "normalized_gain": (value.value - v0.value) / gap if gap > 0 else math.nan,
-            "fit_seconds": seconds, **extra,
-        })
+            values, seconds = values_of(method, k, kind)
+        for s, cell in enumerate(group):
+            _, v0, v_star, star_method = truth[s]
+            gap = v_star.value - v0.value
+            rows[s].append({
+                "simulator": sweep.simulator, "logging_policy": sweep.logging_policy, "method": method, "k": k, "reward_model": kind,
+                "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
+                "V": values[s].value, "V_se": values[s].stderr, "V0": v0.value, "V_star": v_star.value,
+                "V_star_method": star_method, "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
+                "fit_seconds": seconds, "k_selected": chosen[s], "selector": selector,
+            })
     return rows
 
 
 def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], out: str) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
-    """Run cells (one environment's, in practice) and write each atomically when done."""
+    """Run cells and write each atomically when done; cells that differ only in their seed
+    run as one vmapped group (``sweep.vmap_seeds``), the others one by one."""
     from opl_rank.atomic import atomic_write_text
 
-    done = []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
     for cell in todo:
+        groups.setdefault(_group_key(sweep, cell), []).append(cell)
+    done = []
+    for group in groups.values():
         start = time.perf_counter()
-        rows = _run_cell(sweep, cell)
-        atomic_write_text(_cell_path(out, cell), json.dumps(rows))
-        done.append((cell, rows, time.perf_counter() - start))
+        results = _run_group(sweep, group)
+        seconds = (time.perf_counter() - start) / len(group)
+        for cell, rows in zip(group, results):
+            atomic_write_text(_cell_path(out, cell), json.dumps(rows))
+            done.append((cell, rows, seconds))
     return done
+
+
+def _group_key(sweep: OPLSweep, cell: dict[str, Any]) -> tuple:
+    """Cells with the same key share shapes and are fitted together (their seeds vmapped)."""
+    shape = tuple(cell[k] for k in ("D", "L", "tau", "lam", "n"))
+    return shape + (() if sweep.vmap_seeds else (cell["seed"],))
 
 
 def _cell_path(out: str, cell: dict[str, Any]) -> str:
@@ -296,22 +365,28 @@ def run_sweep(
 
     Jobs run on ``backend`` (see :mod:`experiments.executors`); keys come from each cell's
     seed, so the table does not depend on the backend or the order cells finish in.
+    ``vmap_seeds="auto"`` is resolved here, once, from this process's JAX backend (vmapped
+    on GPU/TPU; on CPU one seed at a time, which measured faster on 2 cores), and the
+    resolved value is written to ``config.yaml``.
     """
+    import jax
+
     from experiments.executors import run_jobs
     from opl_rank.atomic import atomic_write_text
 
+    if sweep.vmap_seeds == "auto":
+        sweep = dataclasses.replace(sweep, vmap_seeds=jax.default_backend() != "cpu")
     out = sweep.output_dir
     os.makedirs(os.path.join(out, "cells"), exist_ok=True)
     resolved = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
     atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))
     every = cells(sweep)
     todo = [cell for cell in every if not os.path.exists(_cell_path(out, cell))]
-    # Serial: one job per environment (its ground truth is computed once). Processes: one
-    # job per cell, for progress and load balance (each worker caches the environments it saw).
+    # One job per (D, L, tau, lambda, n): its seeds run vmapped together (with vmap_seeds;
+    # else one job per cell). Each process caches the environments' ground truth it computed.
     jobs: dict[tuple, list[dict[str, Any]]] = {}
     for cell in todo:
-        env_key = tuple(cell[k] for k in ("D", "L", "tau", "lam", "seed"))
-        jobs.setdefault(env_key if backend == "serial" else env_key + (cell["n"],), []).append(cell)
+        jobs.setdefault(_group_key(sweep, cell), []).append(cell)
     start = time.perf_counter()
     finished = len(every) - len(todo)
 

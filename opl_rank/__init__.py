@@ -31,7 +31,7 @@ from opl_rank.plackett_luce import (
     slot_log_probs,
 )
 from opl_rank import prng
-from opl_rank.learners import LearnerConfig, fit
+from opl_rank.learners import LearnerConfig, fit, fit_replicas
 from opl_rank.prng import make_key, split_seed
 
 __version__ = "0.1.0"
@@ -66,6 +66,7 @@ __all__ = [
     "prng",
     "LearnerConfig",
     "fit",
+    "fit_replicas",
     "make_key",
     "split_seed",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from opl_rank import opl_estimators as oe
 from opl_rank import plackett_luce as pl
 from opl_rank.data import LoggedData, train_val_split
-from opl_rank.optimization import TrainConfig, minimize
-from opl_rank.policies import ActionScorer
-from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, fit_reward_model
+from opl_rank.optimization import TrainConfig, minimize, minimize_replicas
+from opl_rank.policies import make_scorer
+from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, fit_reward_model, fit_reward_model_replicas
 
 __all__ = [
     "METHODS",
@@ -38,6 +38,7 @@ __all__ = [
     "RegressionPolicy",
     "TwoStagePolicy",
     "fit",
+    "fit_replicas",
 ]
 
 METHODS = ("ips", "dr", "iips", "rips", "regression", "rpod")
@@ -57,9 +58,9 @@ class RankingPolicy(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class PLPolicy:
-    """Plackett-Luce over the logits of an :class:`ActionScorer`."""
+    """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, see :mod:`opl_rank.policies`)."""
 
-    module: ActionScorer
+    module: Any
     params: Any
     n_slots: int
 
@@ -124,6 +125,9 @@ class LearnerConfig:
       reward_model: ``"additive"`` or ``"pairwise"`` f_hat (dr, regression, rpod).
       policy_hidden: hidden sizes of the policy's scorer (``()``: linear logits).
       reward_hidden: hidden sizes of f_hat's item head.
+      item_feature_dim: ``F`` when the context packs the D candidates' features
+        (LETOR-style environments, ``context[:, :D*F]``): the policy and f_hat's item head
+        are then one MLP shared by every item. None: a per-item head on the context.
       n_samples: sampled rankings per round for the model terms of dr/rpod.
       max_log_weight: clip on log importance weights (see the module docstring).
       train: optimisation of the policy.
@@ -136,6 +140,7 @@ class LearnerConfig:
     reward_model: str = "additive"
     policy_hidden: tuple[int, ...] = ()
     reward_hidden: tuple[int, ...] = ()
+    item_feature_dim: int | None = None
     n_samples: int = 8
     max_log_weight: float = 50.0
     train: TrainConfig = TrainConfig(epochs=30, batch_size=256, learning_rate=5e-2)
@@ -155,12 +160,20 @@ class LearnerConfig:
             raise ValueError(f"n_samples must be an int >= 2 (leave-one-out baselines), got {self.n_samples!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.item_feature_dim is not None and (not isinstance(self.item_feature_dim, int) or self.item_feature_dim < 1):
+            raise ValueError(f"item_feature_dim must be None or a positive int, got {self.item_feature_dim!r}")
         if not self.max_log_weight > 0:
             raise ValueError(f"max_log_weight must be > 0, got {self.max_log_weight}")
 
 
+def reward_model_options(config: LearnerConfig) -> dict[str, Any]:
+    """The f_hat settings of a learner config, as keyword arguments of ``fit_reward_model``."""
+    return dict(kind=config.reward_model, hidden=config.reward_hidden, config=config.reward_train,
+                item_feature_dim=config.item_feature_dim)
+
+
 @functools.lru_cache(maxsize=128)
-def _surrogate(config: LearnerConfig, module: ActionScorer, reward_spec: tuple | None, k: int) -> Callable:
+def _surrogate(config: LearnerConfig, module: Any, reward_spec: tuple | None, k: int) -> Callable:
     """``(params, batch, key, reward_params) -> scalar`` loss: minus the mean per-round terms.
 
     One function object per (config, shapes): refits with other data, seeds or reward-model
@@ -205,32 +218,72 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
       rpod with k = 0) or :class:`TwoStagePolicy` (rpod with 0 < k < L; k = L gives the
       DR policy, a :class:`PLPolicy`).
     """
+    return _fit([data], key, config, replicated=False)[0]
+
+
+def fit_replicas(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> list[RankingPolicy]:
+    """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), vmapped.
+
+    Every reward model and policy of the ``S`` fits trains in one vmapped loop. Policy
+    ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding (~1e-5 in the
+    parameters). With ``config.valid_fraction > 0`` (early stopping) the fits run one by one.
+
+    Args:
+      datas: ``S`` logged data sets of equal shapes (``n``, ``L``, ``D``, optional fields).
+      keys: ``[S]`` PRNG keys.
+      config: :class:`LearnerConfig`.
+
+    Returns:
+      ``S`` policies, as :func:`fit` returns them.
+    """
+    if len(datas) != keys.shape[0]:
+        raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
+    if config.valid_fraction > 0:
+        return [fit(d, k, config) for d, k in zip(datas, keys)]
+    return _fit(datas, keys, config, replicated=True)
+
+
+def _fit(datas: Sequence[LoggedData], key: jax.Array, config: LearnerConfig, replicated: bool) -> list[RankingPolicy]:
+    """The steps of :func:`fit`; ``replicated``: ``key`` is ``[S]`` and every step is vmapped."""
+    data = datas[0]
     n_slots = data.ranking_length
     k = {"dr": n_slots, "rpod": config.k, "regression": 0}.get(config.method, n_slots)
     if k > n_slots:
         raise ValueError(f"k={k} must be in [0, L={n_slots}]")
     if config.method == "iips" and data.log_pi0_position_marginal is None:
         raise ValueError("iips needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
-    k_split, k_reward, k_init, k_fit = jax.random.split(key, 4)
+    keys = jax.vmap(lambda k: jax.random.split(k, 4))(key) if replicated else jax.random.split(key, 4)[None]
+    k_split, k_reward, k_init, k_fit = (keys[:, i] for i in range(4))
     valid = None
-    if config.valid_fraction > 0:
-        data, valid = train_val_split(data, k_split, config.valid_fraction)
-    reward_model = None
+    if config.valid_fraction > 0:  # single fits only (fit_replicas loops)
+        data, valid = train_val_split(data, k_split[0], config.valid_fraction)
+        datas = [data]
+    reward_models: list[RewardModel | None] = [None] * len(datas)
     if config.method in ("dr", "regression", "rpod"):
-        reward_model = fit_reward_model(
-            data, k_reward, kind=config.reward_model, hidden=config.reward_hidden, config=config.reward_train
-        )
+        options = reward_model_options(config)
+        if replicated:
+            reward_models = fit_reward_model_replicas(datas, k_reward, **options)
+        else:
+            reward_models = [fit_reward_model(data, k_reward[0], **options)]
         if k == 0:
-            return RegressionPolicy(reward_model)
-    module = ActionScorer(n_items=data.n_items, hidden=tuple(config.policy_hidden))
-    params = module.init(k_init, data.context[:1])
+            return [RegressionPolicy(model) for model in reward_models]
+    module = make_scorer(data.n_items, config.policy_hidden, config.item_feature_dim)
+    reward_model = reward_models[0]
     reward_spec = None
     if reward_model is not None:
         reward_spec = (reward_model.kind, reward_model.module, reward_model.max_enumerated, reward_model.beam_width)
     loss = _surrogate(config, module, reward_spec, k)
-    aux = None if reward_model is None else reward_model.params
-    params = minimize(loss, params, data, k_fit, config.train, aux=aux, valid=valid).params
-    first = PLPolicy(module, params, k)
-    if config.method in ("dr",) or k == n_slots or reward_model is None:
-        return first
-    return TwoStagePolicy(first, reward_model)
+    if replicated:
+        params = jax.vmap(module.init)(k_init, jnp.stack([d.context[:1] for d in datas]))
+        aux = None if reward_model is None else jax.tree.map(lambda *x: jnp.stack(x), *[m.params for m in reward_models])
+        params = minimize_replicas(loss, params, datas, k_fit, config.train, aux=aux).params
+        replica_params = [jax.tree.map(lambda x: x[s], params) for s in range(len(datas))]
+    else:
+        params = module.init(k_init[0], data.context[:1])
+        aux = None if reward_model is None else reward_model.params
+        replica_params = [minimize(loss, params, data, k_fit[0], config.train, aux=aux, valid=valid).params]
+    policies: list[RankingPolicy] = []
+    for params, model in zip(replica_params, reward_models):
+        first = PLPolicy(module, params, k)
+        policies.append(first if config.method == "dr" or k == n_slots or model is None else TwoStagePolicy(first, model))
+    return policies

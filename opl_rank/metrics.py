@@ -1,4 +1,4 @@
-"""Ranking metrics (DCG@k, NDCG@k) of deterministic rankings, and position weights.
+"""Ranking metrics (DCG@k, NDCG@k, average precision) of deterministic rankings, and position weights.
 
 Pure, jit-able JAX functions. The last axis of ``scores``/``labels`` is documents (``D``),
 leading axes are batch (queries); metrics return one value per query, ``[..]`` float32.
@@ -26,6 +26,7 @@ __all__ = [
     "precision_weights",
     "dcg_at_k",
     "ndcg_at_k",
+    "average_precision",
 ]
 
 #: DCG position weights ``1 / log2(l + 1)``, ``l = 1..k`` (float32 ``[k]``); the same
@@ -186,3 +187,51 @@ def ndcg_at_k(
     """
     _, ndcg = _dcg_and_ndcg(scores, labels, _cutoff(scores, labels, k), where, gain)
     return ndcg
+
+
+@functools.partial(jax.jit, static_argnames=("threshold",))
+def average_precision(
+    scores: jax.Array, labels: jax.Array, *, where: jax.Array | None = None, threshold: float = 1.0
+) -> jax.Array:
+    """Average precision of the ``scores`` ranking (MAP is its mean over queries).
+
+    ``AP = (1 / R) sum_k 1{doc at k relevant} * precision@k`` over the whole list, a
+    document being relevant when its label is ``>= threshold`` (default 1: any non-zero
+    grade, as LightGBM's ``map``); ``R`` is the number of relevant real documents. Queries
+    without relevant documents get 0. Ties break by document index, as in :func:`dcg_at_k`.
+
+    Args:
+      scores: ``[.., D]``.
+      labels: ``[.., D]`` graded labels.
+      where: optional bool ``[.., D]``, True for real documents.
+      threshold: relevance threshold on the label (static).
+
+    Returns:
+      float32 ``[..]`` in [0, 1].
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> round(float(average_precision(jnp.array([3.0, 2.0, 1.0]), jnp.array([1, 0, 1]))), 4)  # (1/1 + 2/3) / 2
+      0.8333
+    """
+    scores = jnp.asarray(scores).astype(jnp.float32)
+    relevant = jnp.asarray(labels) >= threshold
+    if where is None:
+        scores, relevant = jnp.broadcast_arrays(scores, relevant)
+        valid = jnp.ones(scores.shape, dtype=bool)
+    else:
+        scores, relevant, valid = jnp.broadcast_arrays(scores, relevant, jnp.asarray(where).astype(bool))
+    relevant = relevant & valid
+    n_docs = scores.shape[-1]
+    neg = -jnp.where(jnp.isnan(scores), -jnp.inf, scores)
+    neg = jnp.where(neg == 0.0, 0.0, neg)
+    index = jnp.broadcast_to(jnp.arange(n_docs, dtype=jnp.int32), scores.shape)
+    _, _, _, ranked = jax.lax.sort(
+        (jnp.logical_not(valid).astype(jnp.int32), neg, index, relevant.astype(jnp.float32)),
+        dimension=scores.ndim - 1,
+        num_keys=3,
+    )
+    hits = jnp.cumsum(ranked, axis=-1)
+    precision = hits / jnp.arange(1, n_docs + 1, dtype=jnp.float32).reshape((1,) * (scores.ndim - 1) + (n_docs,))
+    total = jnp.sum(ranked, axis=-1)
+    return jnp.where(total > 0, jnp.sum(precision * ranked, axis=-1) / jnp.maximum(total, 1.0), 0.0)

@@ -7,6 +7,10 @@ function, learning rate, batch size) and does not depend on ``n``: a second fit 
 same loss function -- another data set size, seed or ``lambda``, another reward model's
 parameters passed as ``aux`` -- compiles nothing.
 Optional early stopping on a validation loss keeps the best parameters.
+
+:func:`minimize_replicas` trains ``S`` independent fits that share shapes (the seeds of
+one sweep cell) as one vmapped loop: one dispatch per chunk for all replicas, which is
+what an accelerator wants.
 """
 
 from __future__ import annotations
@@ -16,15 +20,16 @@ import functools
 import math
 import sys
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from opl_rank.data import LoggedData
 
-__all__ = ["TrainConfig", "TrainResult", "minimize"]
+__all__ = ["TrainConfig", "TrainResult", "minimize", "minimize_replicas", "stack_replicas"]
 
 LossFn = Callable[[Any, LoggedData, jax.Array, Any], jax.Array]  # (params, batch, key, aux)
 
@@ -69,17 +74,19 @@ STEPS_PER_CALL = 16
 
 
 @functools.lru_cache(maxsize=256)
-def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int) -> tuple:
+def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int, treedef: Any, replicated: bool) -> tuple:
     """The jit-compiled run of ``STEPS_PER_CALL`` optimiser steps for one loss function.
 
     Its shapes depend on the batch size only, never on ``n``: fits on data sets of any
     size reuse one compilation. Steps flagged inactive (the padding of an epoch's last
-    chunk) are skipped by ``lax.cond``.
+    chunk) are skipped by ``lax.cond``. ``replicated``: every argument carries a leading
+    replica axis and the chunk is vmapped over it (independent fits sharing shapes).
     """
     optimizer = optax.adam(learning_rate)
 
-    @jax.jit
-    def run_chunk(params, opt_state, template, rows, keys, active, aux):
+    def run_chunk(params, opt_state, template_leaves, rows, keys, active, aux):
+        template = jax.tree.unflatten(treedef, template_leaves)
+
         def step(carry, inputs):
             params, opt_state = carry
             batch_rows, k, is_active = inputs
@@ -97,32 +104,93 @@ def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int) -> tuple:
         (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (rows, keys, active))
         return params, opt_state, jnp.sum(losses)
 
-    return optimizer, run_chunk
+    return optimizer, jax.jit(jax.vmap(run_chunk) if replicated else run_chunk)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "n_chunks"))
-def _epoch_batches(data: LoggedData, key: jax.Array, batch: int, n_chunks: int) -> tuple:
-    """Shuffle and cut one epoch into ``[n_chunks, STEPS_PER_CALL, batch]`` row blocks.
+def _epoch_rows(rows: dict[str, jax.Array], key: jax.Array, batch: int, n_chunks: int) -> tuple:
+    """Shuffle rows ``{name: [n, ...]}`` and cut one epoch into ``[n_chunks, STEPS_PER_CALL, batch, ...]``.
 
     Full batches only (the remainder of the shuffle is skipped); padding steps repeat
-    real rows and are flagged inactive. Compiled per ``n``, but only gathers.
+    real rows and are flagged inactive.
     """
-    n = data.n_rounds
+    n = next(iter(rows.values())).shape[0]
     n_batches = n // batch
     slots = n_chunks * STEPS_PER_CALL
     k_perm, k_steps = jax.random.split(key)
     order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
     order = jnp.concatenate([order, jnp.broadcast_to(order[:1], (slots - n_batches, batch))], axis=0)
     shape = (n_chunks, STEPS_PER_CALL)
-    rows = {name: value[order].reshape(shape + value[order].shape[1:]) for name, value in data.row_fields().items()}
+    out = {name: value[order].reshape(shape + value[order].shape[1:]) for name, value in rows.items()}
     keys = jax.random.split(k_steps, slots).reshape(shape)
     active = (jnp.arange(slots) < n_batches).reshape(shape)
-    return rows, keys, active
+    return out, keys, active
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "n_chunks", "replicated"))
+def _epoch_batches(rows: dict[str, jax.Array], key: jax.Array, batch: int, n_chunks: int, replicated: bool) -> tuple:
+    """One epoch's row blocks (vmapped over a leading replica axis when ``replicated``).
+    Compiled per ``n``, but only gathers."""
+    cut = functools.partial(_epoch_rows, batch=batch, n_chunks=n_chunks)
+    return jax.vmap(cut)(rows, key) if replicated else cut(rows, key)
 
 
 @functools.lru_cache(maxsize=256)
 def _evaluator(loss_fn: LossFn) -> Callable:
     return jax.jit(loss_fn)
+
+
+def _split3(key: jax.Array, replicated: bool) -> tuple:
+    parts = jax.vmap(lambda k: jax.random.split(k, 3))(key) if replicated else jax.random.split(key, 3)
+    return (parts[:, 0], parts[:, 1], parts[:, 2]) if replicated else (parts[0], parts[1], parts[2])
+
+
+def _train(
+    loss_fn: LossFn, params: Any, rows: dict[str, jax.Array], template: LoggedData | list[jax.Array],
+    treedef: Any, n: int, key: jax.Array, config: TrainConfig, aux: Any, replicated: bool,
+    valid: LoggedData | None = None, valid_loss_fn: LossFn | None = None,
+) -> TrainResult:
+    """The epoch loop behind :func:`minimize` and :func:`minimize_replicas`."""
+    batch = min(config.batch_size, n)
+    n_batches = n // batch
+    n_chunks = -(-n_batches // STEPS_PER_CALL)
+    optimizer, run_chunk = _chunk_runner(loss_fn, float(config.learning_rate), batch, treedef, replicated)
+    evaluate = _evaluator(valid_loss_fn or loss_fn)
+    opt_state = jax.vmap(optimizer.init)(params) if replicated else optimizer.init(params)
+    best = (math.inf, params)
+    history: list[dict[str, float]] = []
+    since_best = 0
+    for epoch in range(1, config.epochs + 1):
+        key, k_epoch, k_valid = _split3(key, replicated)
+        start = time.perf_counter()
+        blocks, keys, active = _epoch_batches(rows, k_epoch, batch, n_chunks, replicated)
+        total = 0.0
+        for c in range(n_chunks):
+            at = (slice(None), c) if replicated else c
+            chunk_rows = {name: value[at] for name, value in blocks.items()}
+            params, opt_state, chunk_loss = run_chunk(params, opt_state, template, chunk_rows, keys[at], active[at], aux)
+            total = total + chunk_loss
+        losses = np.atleast_1d(np.asarray(total, dtype=np.float64)) / n_batches
+        record = {"epoch": epoch, "train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start}
+        if replicated:
+            record["train_loss_replicas"] = losses.tolist()
+        if valid is not None:
+            record["valid_loss"] = float(evaluate(params, valid, k_valid, aux))
+        if not np.all(np.isfinite(losses)):
+            raise FloatingPointError(f"training loss became {losses.tolist()} at epoch {epoch}")
+        history.append(record)
+        if config.progress:
+            extra = f"  valid_loss {record['valid_loss']:+.5f}" if "valid_loss" in record else ""
+            print(f"epoch {epoch:>3}/{config.epochs}  train_loss {record['train_loss']:+.5f}{extra}", file=sys.stderr)
+        if valid is not None and config.patience is not None:
+            if record["valid_loss"] < best[0]:
+                best, since_best = (record["valid_loss"], params), 0
+            else:
+                since_best += 1
+                if since_best >= config.patience:
+                    return TrainResult(best[1], history)
+    if valid is not None and config.patience is not None and best[0] <= history[-1]["valid_loss"]:
+        return TrainResult(best[1], history)
+    return TrainResult(params, history)
 
 
 def minimize(
@@ -152,42 +220,60 @@ def minimize(
     Returns:
       :class:`TrainResult` with the final (or, with early stopping, best) parameters.
     """
-    n = data.n_rounds
-    batch = min(config.batch_size, n)
-    n_batches = n // batch
-    n_chunks = -(-n_batches // STEPS_PER_CALL)
-    optimizer, run_chunk = _chunk_runner(loss_fn, float(config.learning_rate), batch)
-    template = data.take(jnp.arange(batch))  # shared fields, and row fields of batch shape
-    evaluate = _evaluator(valid_loss_fn or loss_fn)
-    opt_state = optimizer.init(params)
-    best = (math.inf, params)
-    history: list[dict[str, float]] = []
-    since_best = 0
-    for epoch in range(1, config.epochs + 1):
-        key, k_epoch, k_valid = jax.random.split(key, 3)
-        start = time.perf_counter()
-        rows, keys, active = _epoch_batches(data, k_epoch, batch, n_chunks)
-        total = 0.0
-        for c in range(n_chunks):
-            chunk_rows = {name: value[c] for name, value in rows.items()}
-            params, opt_state, chunk_loss = run_chunk(params, opt_state, template, chunk_rows, keys[c], active[c], aux)
-            total = total + chunk_loss
-        record = {"epoch": epoch, "train_loss": float(total) / n_batches, "seconds": time.perf_counter() - start}
-        if valid is not None:
-            record["valid_loss"] = float(evaluate(params, valid, k_valid, aux))
-        if not math.isfinite(record["train_loss"]):
-            raise FloatingPointError(f"training loss became {record['train_loss']} at epoch {epoch}")
-        history.append(record)
-        if config.progress:
-            extra = f"  valid_loss {record['valid_loss']:+.5f}" if "valid_loss" in record else ""
-            print(f"epoch {epoch:>3}/{config.epochs}  train_loss {record['train_loss']:+.5f}{extra}", file=sys.stderr)
-        if valid is not None and config.patience is not None:
-            if record["valid_loss"] < best[0]:
-                best, since_best = (record["valid_loss"], params), 0
-            else:
-                since_best += 1
-                if since_best >= config.patience:
-                    return TrainResult(best[1], history)
-    if valid is not None and config.patience is not None and best[0] <= history[-1]["valid_loss"]:
-        return TrainResult(best[1], history)
-    return TrainResult(params, history)
+    batch = min(config.batch_size, data.n_rounds)
+    leaves, treedef = jax.tree.flatten(data.take(jnp.arange(batch)))  # shared fields, row fields of batch shape
+    return _train(
+        loss_fn, params, data.row_fields(), leaves, treedef, data.n_rounds, key, config, aux, False,
+        valid=valid, valid_loss_fn=valid_loss_fn,
+    )
+
+
+def minimize_replicas(
+    loss_fn: LossFn,
+    params: Any,
+    datas: Sequence[LoggedData],
+    keys: jax.Array,
+    config: TrainConfig,
+    *,
+    aux: Any = None,
+) -> TrainResult:
+    """``S`` independent :func:`minimize` runs that share shapes, vmapped into one.
+
+    Args:
+      loss_fn: as for :func:`minimize`.
+      params: initial parameters with a leading replica axis ``[S, ...]`` on every leaf.
+      datas: ``S`` data sets of equal shapes (``n``, ``L``, ``D``, the same optional fields).
+      keys: ``[S]`` PRNG keys.
+      config: :class:`TrainConfig` (no early stopping: replicas train for ``epochs``).
+      aux: the loss's extra arrays with a leading replica axis (or None).
+
+    Returns:
+      :class:`TrainResult`: parameters ``[S, ...]``; each history record's ``train_loss``
+      is the mean over replicas, ``train_loss_replicas`` the per-replica values. Replica
+      ``s`` matches ``minimize(..., datas[s], keys[s], ...)`` up to float rounding (~1e-5).
+    """
+    rows, template, treedef = stack_replicas(datas, min(config.batch_size, datas[0].n_rounds))
+    if keys.shape[:1] != (len(datas),):
+        raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
+    return _train(loss_fn, params, rows, template, treedef, datas[0].n_rounds, keys, config, aux, True)
+
+
+def stack_replicas(datas: Sequence[LoggedData], batch: int) -> tuple[dict[str, jax.Array], list[jax.Array], Any]:
+    """Row fields ``{name: [S, n, ...]}``, a batch-sized template's leaves ``[S, ...]`` and its treedef.
+
+    Raises a ValueError naming the mismatch unless every data set has the same shapes.
+    """
+    if not datas:
+        raise ValueError("datas must not be empty")
+    flat = [jax.tree.flatten(d) for d in datas]
+    for i, (leaves, treedef) in enumerate(flat[1:], start=1):
+        shapes = [x.shape for x in leaves]
+        if treedef != flat[0][1] or shapes != [x.shape for x in flat[0][0]]:
+            raise ValueError(
+                f"datas[{i}] does not share datas[0]'s shapes and fields (n, L, D, optional fields): "
+                f"{shapes} vs {[x.shape for x in flat[0][0]]}"
+            )
+    rows = {name: jnp.stack([d.row_fields()[name] for d in datas]) for name in datas[0].row_fields()}
+    templates = [jax.tree.flatten(d.take(jnp.arange(batch))) for d in datas]
+    leaves = [jnp.stack(parts) for parts in zip(*(t[0] for t in templates))]
+    return rows, leaves, templates[0][1]

@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from opl_rank import completion
 from opl_rank.completion import one_hot_sum, zero_diagonal
 from opl_rank.data import LoggedData
-from opl_rank.optimization import TrainConfig, minimize
-from opl_rank.policies import ActionScorer
+from opl_rank.optimization import TrainConfig, minimize, minimize_replicas
+from opl_rank.policies import make_scorer
 
-__all__ = ["RewardModel", "fit_reward_model", "REWARD_MODEL_KINDS"]
+__all__ = ["RewardModel", "fit_reward_model", "fit_reward_model_replicas", "REWARD_MODEL_KINDS"]
 
 REWARD_MODEL_KINDS = ("additive", "pairwise")
 
@@ -42,9 +42,10 @@ class _SlotValues(nn.Module):
     n_items: int
     hidden: Sequence[int]
     pairwise: bool
+    item_feature_dim: int | None = None  # items' features packed in the context (ItemFeatureScorer)
 
     def setup(self):
-        self.item_head = ActionScorer(n_items=self.n_items, hidden=tuple(self.hidden))
+        self.item_head = make_scorer(self.n_items, self.hidden, self.item_feature_dim)
         if self.pairwise:
             self.interaction = self.param("interaction", nn.initializers.zeros, (self.n_items, self.n_items))
 
@@ -128,6 +129,7 @@ def fit_reward_model(
     config: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2),
     valid: LoggedData | None = None,
     max_enumerated: int = 512,
+    item_feature_dim: int | None = None,
 ) -> RewardModel:
     """Fit f_hat by least squares (Eq. 12).
 
@@ -142,19 +144,61 @@ def fit_reward_model(
       config: optimisation settings.
       valid: optional validation rows (early stopping when ``config.patience`` is set).
       max_enumerated: completions enumerated exactly up to this many (pairwise kind).
+      item_feature_dim: ``F`` when the context packs the candidates' features (LETOR-style
+        environments): g is then one MLP shared by every item
+        (:class:`~opl_rank.policies.ItemFeatureScorer`). None: a per-item head on the context.
 
     Returns:
       A :class:`RewardModel`.
     """
-    if kind not in REWARD_MODEL_KINDS:
-        raise ValueError(f"kind must be one of {REWARD_MODEL_KINDS}, got {kind!r}")
-    if target not in ("sum", "slots"):
-        raise ValueError(f"target must be 'sum' or 'slots', got {target!r}")
-    module = _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(kind == "pairwise"))
+    module = _reward_module(data, kind, hidden, target, item_feature_dim)
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
     params = minimize(_least_squares(module, target), params, data, k_fit, config, valid=valid).params
     return RewardModel(kind, module, params, data.position_weight, max_enumerated)
+
+
+def fit_reward_model_replicas(
+    datas: Sequence[LoggedData],
+    keys: jax.Array,
+    *,
+    kind: str = "additive",
+    hidden: Sequence[int] = (),
+    target: str = "sum",
+    config: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2),
+    max_enumerated: int = 512,
+    item_feature_dim: int | None = None,
+) -> list[RewardModel]:
+    """:func:`fit_reward_model` on ``S`` data sets of equal shapes, vmapped into one loop.
+
+    Args:
+      datas: ``S`` logged data sets sharing shapes (e.g. one sweep cell's seeds).
+      keys: ``[S]`` PRNG keys; model ``s`` matches ``fit_reward_model(datas[s], keys[s])``
+        up to float rounding.
+      kind, hidden, target, config, max_enumerated, item_feature_dim: as for
+        :func:`fit_reward_model` (no early stopping).
+
+    Returns:
+      ``S`` :class:`RewardModel` s.
+    """
+    module = _reward_module(datas[0], kind, hidden, target, item_feature_dim)
+    parts = jax.vmap(jax.random.split)(keys)
+    contexts = jnp.stack([d.context[:1] for d in datas])
+    rankings = jnp.stack([d.ranking[:1] for d in datas])
+    params = jax.vmap(module.init)(parts[:, 0], contexts, rankings)
+    params = minimize_replicas(_least_squares(module, target), params, datas, parts[:, 1], config).params
+    return [
+        RewardModel(kind, module, jax.tree.map(lambda x: x[s], params), d.position_weight, max_enumerated)
+        for s, d in enumerate(datas)
+    ]
+
+
+def _reward_module(data: LoggedData, kind: str, hidden: Sequence[int], target: str, item_feature_dim: int | None) -> "_SlotValues":
+    if kind not in REWARD_MODEL_KINDS:
+        raise ValueError(f"kind must be one of {REWARD_MODEL_KINDS}, got {kind!r}")
+    if target not in ("sum", "slots"):
+        raise ValueError(f"target must be 'sum' or 'slots', got {target!r}")
+    return _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(kind == "pairwise"), item_feature_dim=item_feature_dim)
 
 
 @functools.lru_cache(maxsize=64)

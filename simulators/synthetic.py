@@ -29,31 +29,24 @@ from opl_rank.data import LoggedData, dcg_position_weights
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 
-__all__ = ["SyntheticRewardModel", "SyntheticRankingEnv"]
+__all__ = ["InteractionRewards", "SyntheticRewardModel", "SyntheticRankingEnv", "symmetric_interaction"]
 
 
-class SyntheticRewardModel(struct.PyTreeNode):
-    """Ground-truth rewards of the synthetic environment (a pytree: ``lambda`` and
-    ``sigma`` are arrays, so new values do not recompile).
+class InteractionRewards:
+    """Position rewards ``q_l = base(x, a_l) + lambda * sum_{m != l} W(a_m, a_l)`` (Eq. 14).
 
-    Attributes:
-      theta: ``[D, dx]`` item coefficients theta_a ~ N(0, I).
-      bias: ``[D]`` item biases b_a.
-      interaction: ``[D, D]`` W(a_m, a_l), symmetric, zero diagonal.
-      lam: ``[]`` interaction strength lambda in [0, 1].
-      sigma: ``[]`` reward noise standard deviation.
+    Shared by the synthetic and the semi-synthetic reward models, which differ only in the
+    per-item base reward :meth:`item_base`. Subclasses are pytrees with the fields
+    ``interaction [D, D]`` (symmetric, zero diagonal), ``lam []`` and ``sigma []``.
     """
 
-    theta: jax.Array  # [D, dx]
-    bias: jax.Array  # [D]
-    interaction: jax.Array  # [D, D]
-    lam: jax.Array  # []
-    sigma: jax.Array  # []
+    def item_base(self, context: jax.Array) -> jax.Array:
+        """``[n, dx] -> [n, D]`` base reward of every item."""
+        raise NotImplementedError
 
     def base_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        """``theta_{a_l}^T x + b_{a_l}``: ``[n, dx], [n, L] -> [n, L]``."""
-        per_item = context @ self.theta.T + self.bias[None, :]  # [n, D]
-        return jnp.take_along_axis(per_item, rankings, axis=-1)
+        """``base(x, a_l)``: ``[n, dx], [n, L] -> [n, L]``."""
+        return jnp.take_along_axis(self.item_base(context), rankings, axis=-1)
 
     def interaction_sum(self, rankings: jax.Array) -> jax.Array:
         """``sum_{m != l} W(a_m, a_l)``: ``[n, L] -> [n, L]`` (W has a zero diagonal)."""
@@ -72,6 +65,35 @@ class SyntheticRewardModel(struct.PyTreeNode):
             switch, self.interaction_sum(rankings), 0.0
         )
         return mean + self.sigma * jax.random.normal(k_noise, rankings.shape, jnp.float32)
+
+
+class SyntheticRewardModel(InteractionRewards, struct.PyTreeNode):
+    """Ground-truth rewards of the synthetic environment (a pytree: ``lambda`` and
+    ``sigma`` are arrays, so new values do not recompile).
+
+    Attributes:
+      theta: ``[D, dx]`` item coefficients theta_a ~ N(0, I).
+      bias: ``[D]`` item biases b_a.
+      interaction: ``[D, D]`` W(a_m, a_l), symmetric, zero diagonal.
+      lam: ``[]`` interaction strength lambda in [0, 1].
+      sigma: ``[]`` reward noise standard deviation.
+    """
+
+    theta: jax.Array  # [D, dx]
+    bias: jax.Array  # [D]
+    interaction: jax.Array  # [D, D]
+    lam: jax.Array  # []
+    sigma: jax.Array  # []
+
+    def item_base(self, context: jax.Array) -> jax.Array:
+        """``theta_a^T x + b_a``: ``[n, dx] -> [n, D]``."""
+        return context @ self.theta.T + self.bias[None, :]
+
+
+def symmetric_interaction(key: jax.Array, n_items: int, scale: float) -> jax.Array:
+    """``W``: ``[D, D]`` symmetric, zero diagonal, ``N(0, scale^2)`` entries."""
+    w = jnp.triu(jax.random.normal(key, (n_items, n_items), jnp.float32) * scale, 1)
+    return w + w.T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +175,10 @@ class SyntheticRankingEnv:
             raise ValueError(f"position_weight must be finite and non-negative, got {position_weight.tolist()}")
 
         k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
-        w = jax.random.normal(k_w, (n_items, n_items), jnp.float32) * interaction_scale
-        w = jnp.triu(w, 1)
         reward_model = SyntheticRewardModel(
             theta=jax.random.normal(k_theta, (n_items, context_dim), jnp.float32),
             bias=jax.random.normal(k_bias, (n_items,), jnp.float32) * bias_scale,
-            interaction=w + w.T,
+            interaction=symmetric_interaction(k_w, n_items, interaction_scale),
             lam=jnp.asarray(lam, jnp.float32),
             sigma=jnp.asarray(sigma, jnp.float32),
         )
@@ -287,7 +307,7 @@ class SyntheticRankingEnv:
         rm = self.reward_model
         alpha = self.position_weight
         n_rank = math.perm(self.n_items, self.ranking_length)
-        base = context @ rm.theta.T + rm.bias[None, :]  # [n, D]
+        base = rm.item_base(context)  # [n, D]
         if n_rank <= max_enumerated:
             perms = jnp.asarray(pl.all_rankings(self.n_items, self.ranking_length))  # [P, L]
             weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, self.n_items))  # [D, P]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.learners import LearnerConfig, PLPolicy, RegressionPolicy, TwoStagePolicy, fit
+from opl_rank.learners import LearnerConfig, PLPolicy, RegressionPolicy, TwoStagePolicy, fit, fit_replicas
 from opl_rank.optimization import TrainConfig
 from simulators import SyntheticRankingEnv
 
@@ -128,3 +128,35 @@ def test_refitting_with_new_data_size_lambda_or_seed_does_not_recompile(setting,
     with jax.log_compiles(True):  # the detector works: a new batch size is a new shape
         fit(other, make_key(23), dataclasses.replace(config, train=dataclasses.replace(TRAIN, batch_size=128)))
     assert len(compiled()) >= 1
+
+
+@pytest.mark.parametrize(
+    "config",
+    [_config("ips"), _config("rpod", k=1, reward_model="pairwise"), _config("regression")],
+    ids=["ips", "rpod-1-pairwise", "regression"],
+)
+def test_replicated_fits_match_one_by_one_fits(setting, config):
+    """fit_replicas (vmapped over seeds) = fit per seed, up to float rounding."""
+    env, data, _ = setting
+    datas = [data, env.sample_logged_data(make_key(30), data.n_rounds, position_marginals="exact")]
+    keys = jnp.stack([make_key(31), make_key(32)])
+    together = fit_replicas(datas, keys, config)
+    x = env.sample_contexts(make_key(33), 200)
+    for d, k, policy in zip(datas, keys, together):
+        alone = fit(d, k, config)
+        assert type(alone) is type(policy)
+        np.testing.assert_array_equal(np.asarray(policy.sample(make_key(34), x)), np.asarray(alone.sample(make_key(34), x)))
+        if isinstance(alone, (PLPolicy, TwoStagePolicy)):
+            first = alone if isinstance(alone, PLPolicy) else alone.first_stage
+            other = policy if isinstance(policy, PLPolicy) else policy.first_stage
+            np.testing.assert_allclose(np.asarray(other.logits(x)), np.asarray(first.logits(x)), atol=2e-4)
+    # the replicas really are different fits
+    assert not np.allclose(np.asarray(datas[0].reward), np.asarray(datas[1].reward))
+
+
+def test_replicated_fits_need_equal_shapes(setting):
+    _, data, _ = setting
+    with pytest.raises(ValueError, match=r"datas\[1\] does not share"):
+        fit_replicas([data, data.take(np.arange(1000))], jnp.stack([make_key(1), make_key(2)]), _config("ips"))
+    with pytest.raises(ValueError, match="keys must have shape"):
+        fit_replicas([data, data], jnp.stack([make_key(1)]), _config("ips"))

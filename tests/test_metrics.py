@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from opl_rank.data import dcg_position_weights
+from opl_rank import metrics
 from opl_rank.metrics import dcg_at_k, dcg_weights, ndcg_at_k, precision_weights
 
 
@@ -141,3 +142,24 @@ def test_agrees_with_sklearn_ndcg_score(k):
         ours_exp2 = np.asarray(ndcg_at_k(scores32, labels_j, k))
         theirs_exp2 = sklearn_metrics.ndcg_score(2.0**labels - 1.0, scores, k=k)
         assert float(np.mean(ours_exp2)) == pytest.approx(theirs_exp2, rel=1e-5)
+
+
+def test_average_precision_agrees_with_sklearn_and_respects_masks():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(3)
+    scores = rng.normal(size=(40, 12)).astype(np.float32)
+    labels = rng.integers(0, 5, size=(40, 12))
+    labels[0] = 0  # no relevant document: 0, not NaN
+    ap = np.asarray(metrics.average_precision(jnp.asarray(scores), jnp.asarray(labels), threshold=2))
+    for q in range(1, 40):
+        relevant = labels[q] >= 2
+        expected = average_precision_score(relevant, scores[q]) if relevant.any() else 0.0
+        assert abs(ap[q] - expected) < 1e-5, q
+    assert ap[0] == 0.0
+    where = rng.random((40, 12)) < 0.7
+    masked = np.asarray(metrics.average_precision(jnp.asarray(scores), jnp.asarray(labels), where=jnp.asarray(where)))
+    for q in range(40):
+        rel = labels[q][where[q]] >= 1
+        expected = average_precision_score(rel, scores[q][where[q]]) if rel.any() else 0.0
+        assert abs(masked[q] - expected) < 1e-5, q

@@ -1,0 +1,143 @@
+"""Training a pointwise neural ranker with the (unbiased) pairwise loss of :mod:`opl_rank.pairwise`.
+
+Lists are fixed-shape ``[N, K]`` (clicked logs, or relevance-labelled lists), so one step
+is compiled once per batch shape. Targets are clicks (debiased by ``correction``) or, for
+the full-information oracle, the relevance indicators themselves (``correction="none"``
+with ``targets=relevant``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from opl_rank.pairwise import CORRECTIONS, PAIR_LOSSES, unbiased_pairwise_loss
+from opl_rank.policies import MLPScorer
+
+__all__ = ["PairwiseTrainConfig", "PairwiseRanker", "train_pairwise_ranker"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PairwiseTrainConfig:
+    """Hyperparameters of :func:`train_pairwise_ranker`.
+
+    Attributes:
+      hidden: MLP hidden sizes.
+      learning_rate: Adam step size.
+      epochs: passes over the lists.
+      batch_lists: lists per step (capped at N).
+      pair_loss: a name in :data:`opl_rank.pairwise.PAIR_LOSSES`.
+      weight_decay: AdamW decoupled weight decay (0: Adam).
+    """
+
+    hidden: tuple[int, ...] = (64, 32)
+    learning_rate: float = 1e-3
+    epochs: int = 40
+    batch_lists: int = 128
+    pair_loss: str = "ranknet"
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.pair_loss not in PAIR_LOSSES:
+            raise ValueError(f"pair_loss must be one of {sorted(PAIR_LOSSES)}, got {self.pair_loss!r}")
+        for name in ("epochs", "batch_lists"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+
+
+class PairwiseRanker(NamedTuple):
+    """A trained scorer: ``scores(features [.., D, F]) -> [.., D]``."""
+
+    module: MLPScorer
+    params: Any
+    history: list[float]  # mean training loss per epoch
+
+    def scores(self, features: jax.Array) -> jax.Array:
+        return self.module.apply(self.params, jnp.asarray(features, jnp.float32))
+
+
+@functools.lru_cache(maxsize=32)
+def _step(module: MLPScorer, config: PairwiseTrainConfig, correction: str):
+    optimizer = optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
+
+    def loss_fn(params, features, targets, mask, examination, joint):
+        scores = module.apply(params, features)
+        per_list = unbiased_pairwise_loss(scores, targets, examination, joint, mask, config.pair_loss, correction)
+        return jnp.mean(per_list)
+
+    @jax.jit
+    def step(params, opt_state, features, targets, mask, examination, joint):
+        loss, grads = jax.value_and_grad(loss_fn)(params, features, targets, mask, examination, joint)
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return optimizer, step
+
+
+def train_pairwise_ranker(
+    key: jax.Array,
+    features: np.ndarray,
+    targets: np.ndarray,
+    mask: np.ndarray,
+    examination: np.ndarray,
+    joint_examination: np.ndarray,
+    *,
+    correction: str = "joint",
+    config: PairwiseTrainConfig = PairwiseTrainConfig(),
+) -> PairwiseRanker:
+    """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W).
+
+    Args:
+      key: PRNG key (initialisation and shuffling).
+      features: ``[N, K, F]`` features of the shown documents, rank order.
+      targets: ``[N, K]`` bool clicks (or relevance indicators for the oracle).
+      mask: ``[N, K]`` bool shown documents.
+      examination: ``[K]`` examination probabilities of the ranks.
+      joint_examination: ``[K, K]`` joint examination probabilities.
+      correction: ``"joint"`` (unbiased), ``"individual"`` or ``"none"``; see
+        :func:`opl_rank.pairwise.correction_matrix`.
+      config: :class:`PairwiseTrainConfig`.
+
+    Returns:
+      :class:`PairwiseRanker`.
+    """
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    features = jnp.asarray(features, jnp.float32)
+    if features.ndim != 3 or targets.shape != features.shape[:2] or mask.shape != features.shape[:2]:
+        raise ValueError(f"need features [N, K, F], targets and mask [N, K]; got {features.shape}, {targets.shape}, {mask.shape}")
+    n = features.shape[0]
+    batch = min(config.batch_lists, n)
+    module = MLPScorer(hidden=tuple(config.hidden))
+    k_init, key = jax.random.split(key)
+    params = module.init(k_init, features[:1])
+    optimizer, step = _step(module, config, correction)
+    opt_state = optimizer.init(params)
+    targets, mask = jnp.asarray(targets, bool), jnp.asarray(mask, bool)
+    examination, joint = jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32)
+    history = []
+    for _ in range(config.epochs):
+        key, k_perm = jax.random.split(key)
+        order = np.asarray(jax.random.permutation(k_perm, n))
+        losses = []
+        for start in range(0, n - batch + 1, batch):  # full batches only: one compiled shape
+            rows = order[start : start + batch]
+            params, opt_state, loss = step(params, opt_state, features[rows], targets[rows], mask[rows], examination, joint)
+            losses.append(loss)
+        history.append(float(np.mean(np.asarray(losses))))
+        if not math.isfinite(history[-1]):
+            raise FloatingPointError(f"training loss became {history[-1]} at epoch {len(history)}")
+    return PairwiseRanker(module, params, history)
