@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import yaml
 
-__all__ = ["load_yaml", "parse_overrides", "build_dataclass", "resolve_path"]
+__all__ = ["load_yaml", "parse_overrides", "build_dataclass", "build_with_training", "resolve_path"]
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -87,6 +87,19 @@ def build_dataclass(cls: type, values: dict[str, Any], *, source: str = "config"
         raise ValueError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
     kwargs = {name: _coerce(name, value, hints[name]) for name, value in values.items()}
     return cls(**kwargs)
+
+
+def build_with_training(cls: type, training_cls: type, values: dict[str, Any], *, source: str = "config") -> Any:
+    """A flat mapping split between ``cls`` and its ``training`` field (``training_cls``):
+    both validated, unknown keys rejected. Returns ``cls(..., training=training_cls(...))``."""
+    training_keys = {f.name for f in dataclasses.fields(training_cls)}
+    own_keys = {f.name for f in dataclasses.fields(cls)} - {"training"}
+    unknown = sorted(set(values) - training_keys - own_keys)
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(training_keys | own_keys)}")
+    training = build_dataclass(training_cls, {k: v for k, v in values.items() if k in training_keys}, source=source)
+    own = build_dataclass(cls, {k: v for k, v in values.items() if k in own_keys}, source=source)
+    return dataclasses.replace(own, training=training)
 
 
 def resolve_path(path: str, config_path: str | None) -> str:

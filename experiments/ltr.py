@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import yaml
 
-from experiments.config import build_dataclass, load_yaml, resolve_path
+from experiments.config import build_with_training, load_yaml, resolve_path
 from opl_rank.ltr_training import LTRConfig
 
 __all__ = ["LTRExperiment", "run_ltr"]
@@ -44,15 +44,8 @@ def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperimen
     :class:`LTRConfig`, and validate both (unknown keys are errors)."""
     values = load_yaml(config_path)
     values.update(overrides)
-    training_keys = {f.name for f in dataclasses.fields(LTRConfig)}
-    own_keys = {f.name for f in dataclasses.fields(LTRExperiment)} - {"training"}
-    unknown = sorted(set(values) - training_keys - own_keys)
-    if unknown:
-        raise ValueError(f"{config_path}: unknown key(s) {unknown}; known keys: {sorted(training_keys | own_keys)}")
-    training = build_dataclass(LTRConfig, {k: v for k, v in values.items() if k in training_keys}, source=config_path)
-    own = {k: v for k, v in values.items() if k in own_keys}
-    experiment = build_dataclass(LTRExperiment, own, source=config_path)
-    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path), training=training)
+    experiment = build_with_training(LTRExperiment, LTRConfig, values, source=config_path)
+    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
 
 
 def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -> dict[str, Any]:

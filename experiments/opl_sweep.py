@@ -99,6 +99,8 @@ class OPLSweep:
             if ":" not in self.logging_policy:
                 raise ValueError(f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}")
             load_logging_policy(self.logging_policy)  # fails early, naming the problem
+        if self.simulator == "synthetic" and any(kind.endswith("-two-step") for kind in self.reward_models):
+            raise ValueError("two-step reward models need logged rounds that share a context: use simulator semi_synthetic")
         if self.simulator == "semi_synthetic" and not self.letor_path:
             raise ValueError("simulator semi_synthetic needs letor_path (a LETOR/SVMlight file)")
         if self.vmap_seeds not in (True, False, "auto"):

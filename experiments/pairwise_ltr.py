@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import yaml
 
-from experiments.config import build_dataclass, load_yaml, resolve_path
+from experiments.config import build_with_training, load_yaml, resolve_path
 from opl_rank.pairwise_training import PairwiseTrainConfig
 
 __all__ = ["PairwiseExperiment", "load_pairwise", "run_pairwise", "VARIANTS", "METRICS"]
@@ -80,20 +80,14 @@ def load_pairwise(config_path: str, overrides: dict[str, Any]) -> PairwiseExperi
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
     values = load_yaml(config_path)
     values.update(overrides)
-    training_keys = {f.name for f in dataclasses.fields(PairwiseTrainConfig)}
-    own_keys = {f.name for f in dataclasses.fields(PairwiseExperiment)} - {"training"}
-    unknown = sorted(set(values) - training_keys - own_keys)
-    if unknown:
-        raise ValueError(f"{config_path}: unknown key(s) {unknown}; known keys: {sorted(training_keys | own_keys)}")
     for name in ("browsing", "truncation", "seeds", "variants", "hidden"):
         value = values.get(name)
         if isinstance(value, str):
             values[name] = [yaml.safe_load(v) for v in value.split(",")]
         elif value is not None and not isinstance(value, (list, tuple)):
             values[name] = [value]
-    training = build_dataclass(PairwiseTrainConfig, {k: v for k, v in values.items() if k in training_keys}, source=config_path)
-    experiment = build_dataclass(PairwiseExperiment, {k: v for k, v in values.items() if k in own_keys}, source=config_path)
-    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path), training=training)
+    experiment = build_with_training(PairwiseExperiment, PairwiseTrainConfig, values, source=config_path)
+    return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
 
 
 def evaluate_ranker(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> dict[str, float]:

@@ -122,7 +122,9 @@ class LearnerConfig:
     Attributes:
       method: one of ``METHODS``.
       k: R-POD's top-k length in ``[0, L]`` (``rpod`` only).
-      reward_model: ``"additive"`` or ``"pairwise"`` f_hat (dr, regression, rpod).
+      reward_model: f_hat's kind (dr, regression, rpod): ``"additive"``, ``"pairwise"``, or
+        their Appendix-A two-step forms ``"additive-two-step"``, ``"pairwise-two-step"``
+        (fitted for the learner's k; they need rounds that share a context).
       policy_hidden: hidden sizes of the policy's scorer (``()``: linear logits).
       reward_hidden: hidden sizes of f_hat's item head.
       item_feature_dim: ``F`` when the context packs the D candidates' features
@@ -260,7 +262,7 @@ def _fit(datas: Sequence[LoggedData], key: jax.Array, config: LearnerConfig, rep
         datas = [data]
     reward_models: list[RewardModel | None] = [None] * len(datas)
     if config.method in ("dr", "regression", "rpod"):
-        options = reward_model_options(config)
+        options = dict(reward_model_options(config), two_step_k=k)
         if replicated:
             reward_models = fit_reward_model_replicas(datas, k_reward, **options)
         else:

@@ -215,7 +215,7 @@ def average_precision(
       0.8333
     """
     scores = jnp.asarray(scores).astype(jnp.float32)
-    relevant = jnp.asarray(labels) >= threshold
+    relevant = jnp.asarray(labels).astype(jnp.float32) >= jnp.float32(threshold)
     if where is None:
         scores, relevant = jnp.broadcast_arrays(scores, relevant)
         valid = jnp.ones(scores.shape, dtype=bool)

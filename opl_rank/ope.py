@@ -76,7 +76,13 @@ def _log_indicator(match: jax.Array) -> jax.Array:
 
 
 def target_propensities(
-    policy: Any, data: LoggedData, key: jax.Array, *, n_samples: int = 512, max_enumerated: int = 1024
+    policy: Any,
+    data: LoggedData,
+    key: jax.Array,
+    *,
+    n_samples: int = 512,
+    max_enumerated: int = 1024,
+    slot_marginals: bool = True,
 ) -> TargetPropensities:
     """Propensities of ``policy`` at the logged rankings (see the module docstring).
 
@@ -86,6 +92,9 @@ def target_propensities(
       key: PRNG key (Monte Carlo position marginals of two-stage policies only).
       n_samples: first-stage samples per row for those.
       max_enumerated: enumerate first-stage prefixes up to this many instead.
+      slot_marginals: False skips a two-stage policy's slot marginals beyond k (only IIPS
+        reads them; they cost one completion per first-stage prefix and row) and returns
+        NaN there.
     """
     from opl_rank.learners import PLPolicy, RegressionPolicy, TwoStagePolicy
 
@@ -111,6 +120,9 @@ def target_propensities(
     log_prefix = jnp.concatenate([head, head[:, -1:] + _log_indicator(tail_match)], axis=-1)
     # Slot marginals: exact PL below k; beyond k, sum over first-stage prefixes.
     below = pl.exact_slot_marginals(logits, ranking[:, :k])
+    if not slot_marginals:
+        unknown = jnp.full(ranking[:, k:].shape, jnp.nan, jnp.float32)
+        return TargetPropensities(log_prefix, jnp.concatenate([jnp.log(jnp.maximum(below, 1e-38)), unknown], axis=-1), True)
     n_prefixes = math.perm(data.n_items, k)
     if n_prefixes <= max_enumerated:
         prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(data.n_items, k))[:, None, :], (n_prefixes,) + head.shape)
@@ -231,7 +243,7 @@ def evaluate(
         if not isinstance(k, int) or not 0 <= k <= n_slots:
             raise ValueError(f"topk needs k, an int in [0, L={n_slots}], got {k!r}")
     k_prop, k_model, k_boot = jax.random.split(key, 3)
-    tp = target_propensities(policy, data, k_prop, n_samples=n_samples)
+    tp = target_propensities(policy, data, k_prop, n_samples=n_samples, slot_marginals="iips" in estimators)
     f_logged = f_policy = None
     if reward_model is not None:
         f_logged = reward_model.predict(data.context, data.ranking)

@@ -93,7 +93,7 @@ def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int, treedef: An
 
             def update(carry):
                 params, opt_state = carry
-                loss, grads = jax.value_and_grad(loss_fn)(params, template.replace(**batch_rows), k, aux)
+                loss, grads = jax.value_and_grad(loss_fn)(params, _with_rows(template, batch_rows), k, aux)
                 # optax mixes Python floats and int32 counts: fine under standard promotion only.
                 with jax.numpy_dtype_promotion("standard"):
                     updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -105,6 +105,11 @@ def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int, treedef: An
         return params, opt_state, jnp.sum(losses)
 
     return optimizer, jax.jit(jax.vmap(run_chunk) if replicated else run_chunk)
+
+
+def _with_rows(template: Any, rows: dict[str, jax.Array]) -> Any:
+    """A batch: the template (LoggedData, or a dict of row arrays) with these rows."""
+    return {**template, **rows} if isinstance(template, dict) else template.replace(**rows)
 
 
 def _epoch_rows(rows: dict[str, jax.Array], key: jax.Array, batch: int, n_chunks: int) -> tuple:
@@ -207,10 +212,11 @@ def minimize(
     """Minimise ``mean over batches of loss_fn(params, batch, key, aux)`` with Adam.
 
     Args:
-      loss_fn: ``(params, batch LoggedData, key, aux) -> scalar``; jit-able. Pass the same
-        function object across fits to reuse its compilation.
+      loss_fn: ``(params, batch, key, aux) -> scalar``; jit-able. Pass the same function
+        object across fits to reuse its compilation.
       params: initial parameters (any pytree).
-      data: training rows.
+      data: training rows: a :class:`LoggedData` (batches are LoggedData), or a dict of
+        arrays sharing a leading axis ``n`` (batches are dicts; e.g. pairs of rounds).
       key: PRNG key (shuffles and the loss's own sampling).
       config: :class:`TrainConfig`.
       aux: extra arrays the loss reads (e.g. a fitted reward model's parameters).
@@ -220,11 +226,16 @@ def minimize(
     Returns:
       :class:`TrainResult` with the final (or, with early stopping, best) parameters.
     """
-    batch = min(config.batch_size, data.n_rounds)
-    leaves, treedef = jax.tree.flatten(data.take(jnp.arange(batch)))  # shared fields, row fields of batch shape
+    if isinstance(data, dict):
+        rows = dict(data)
+        n = next(iter(rows.values())).shape[0]
+        template: Any = {name: value[: min(config.batch_size, n)] for name, value in rows.items()}
+    else:
+        rows, n = data.row_fields(), data.n_rounds
+        template = data.take(jnp.arange(min(config.batch_size, n)))  # shared fields, row fields of batch shape
+    leaves, treedef = jax.tree.flatten(template)
     return _train(
-        loss_fn, params, data.row_fields(), leaves, treedef, data.n_rounds, key, config, aux, False,
-        valid=valid, valid_loss_fn=valid_loss_fn,
+        loss_fn, params, rows, leaves, treedef, n, key, config, aux, False, valid=valid, valid_loss_fn=valid_loss_fn,
     )
 
 

@@ -13,6 +13,16 @@ Two kinds, both giving per-slot values ``h_l(x, a)`` with ``f_hat = sum_l alpha_
 
 Fitting is least squares on ``R = sum_l alpha_l r_l`` (Eq. 12; ``target="sum"``) or on each
 slot's reward (``target="slots"``), with the shared loop of :mod:`opl_rank.optimization`.
+
+``additive-two-step`` / ``pairwise-two-step``: the paper's Appendix A regression for R-POD
+with top-k length ``k``. Step 1 fits the model above, ``h``, on differences of observed
+values between logged rounds with the same context and the same top-k prefix,
+``(R_i - R_j) - (h(x, a_i) - h(x, a_j))``, which only ranking-internal effects below the
+prefix can explain (conditional pairwise correctness is what R-POD needs from f_hat).
+Step 2 fits ``g(x, a_{1:k}) = sum_{l <= k} alpha_l u(x, a_l) + c`` on the residuals
+``R - h(x, a)`` with ``h`` frozen. ``f_hat = g + h``; the second stage completes length-k
+prefixes by ``h`` alone (``g`` is constant there). It needs rounds that share a context --
+LETOR queries repeat in the semi-synthetic environment; the synthetic contexts never do.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opl_rank import completion
 from opl_rank.completion import one_hot_sum, zero_diagonal
@@ -31,9 +42,22 @@ from opl_rank.data import LoggedData
 from opl_rank.optimization import TrainConfig, minimize, minimize_replicas
 from opl_rank.policies import make_scorer
 
-__all__ = ["RewardModel", "fit_reward_model", "fit_reward_model_replicas", "REWARD_MODEL_KINDS"]
+__all__ = [
+    "RewardModel",
+    "fit_reward_model",
+    "fit_reward_model_replicas",
+    "shared_prefix_pairs",
+    "base_kind",
+    "REWARD_MODEL_KINDS",
+]
 
-REWARD_MODEL_KINDS = ("additive", "pairwise")
+_TWO_STEP = "-two-step"
+REWARD_MODEL_KINDS = ("additive", "pairwise", "additive" + _TWO_STEP, "pairwise" + _TWO_STEP)
+
+
+def base_kind(kind: str) -> str:
+    """``"pairwise-two-step" -> "pairwise"``: the form of h (and of the completion)."""
+    return kind.removesuffix(_TWO_STEP)
 
 
 class _SlotValues(nn.Module):
@@ -43,11 +67,16 @@ class _SlotValues(nn.Module):
     hidden: Sequence[int]
     pairwise: bool
     item_feature_dim: int | None = None  # items' features packed in the context (ItemFeatureScorer)
+    prefix_slots: int = -1  # two-step: g's slots (k) plus an offset c; -1: a one-step model
 
     def setup(self):
         self.item_head = make_scorer(self.n_items, self.hidden, self.item_feature_dim)
         if self.pairwise:
             self.interaction = self.param("interaction", nn.initializers.zeros, (self.n_items, self.n_items))
+        if self.prefix_slots >= 0:
+            self.offset = self.param("offset", nn.initializers.zeros, ())
+        if self.prefix_slots > 0:
+            self.prefix_head = make_scorer(self.n_items, self.hidden, self.item_feature_dim)
 
     def item_values(self, context: jax.Array) -> jax.Array:
         """``g(x, d)``: ``[n, dx] -> [n, D]``."""
@@ -60,7 +89,14 @@ class _SlotValues(nn.Module):
             # sum_{m != l} V(a_m, a_l) = (placed @ V)[a_l] with V's diagonal zeroed: one
             # small matmul instead of an [.., K, K] gather.
             g = g + one_hot_sum(rankings, self.n_items) @ zero_diagonal(self.interaction)
-        return jnp.take_along_axis(g, rankings, axis=-1)
+        values = jnp.take_along_axis(g, rankings, axis=-1)
+        if self.prefix_slots < 0:
+            return values
+        m = min(self.prefix_slots, rankings.shape[-1])  # rankings start at slot 1
+        if m > 0:
+            u = jnp.broadcast_to(self.prefix_head(context), rankings.shape[:-1] + (self.n_items,))
+            values = values.at[..., :m].add(jnp.take_along_axis(u, rankings[..., :m], axis=-1))
+        return values.at[..., 0].add(self.offset)
 
 
 
@@ -108,8 +144,11 @@ class RewardModel:
         rest = self.n_slots - k
         if rest == 0:
             return prefixes
+        if k < self.module.prefix_slots:
+            raise ValueError(f"a two-step f_hat fitted for k={self.module.prefix_slots} completes prefixes of length "
+                             f">= {self.module.prefix_slots}, got {k}")
         g = jnp.broadcast_to(self.item_values(context), prefixes.shape[:-1] + (n_items,))
-        if self.kind == "additive":
+        if base_kind(self.kind) == "additive":
             taken = one_hot_sum(prefixes, n_items) > 0
             tail = jax.lax.top_k(jnp.where(taken, -jnp.inf, g), rest)[1].astype(prefixes.dtype)
             return jnp.concatenate([prefixes, tail], axis=-1)
@@ -130,6 +169,7 @@ def fit_reward_model(
     valid: LoggedData | None = None,
     max_enumerated: int = 512,
     item_feature_dim: int | None = None,
+    two_step_k: int | None = None,
 ) -> RewardModel:
     """Fit f_hat by least squares (Eq. 12).
 
@@ -147,14 +187,18 @@ def fit_reward_model(
       item_feature_dim: ``F`` when the context packs the candidates' features (LETOR-style
         environments): g is then one MLP shared by every item
         (:class:`~opl_rank.policies.ItemFeatureScorer`). None: a per-item head on the context.
+      two_step_k: R-POD's k for the two-step kinds (ignored by the others).
 
     Returns:
       A :class:`RewardModel`.
     """
-    module = _reward_module(data, kind, hidden, target, item_feature_dim)
+    module = _reward_module(data, kind, hidden, target, item_feature_dim, two_step_k)
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
-    params = minimize(_least_squares(module, target), params, data, k_fit, config, valid=valid).params
+    if module.prefix_slots >= 0:
+        params = _fit_two_step(module, params, data, k_fit, config, target)
+    else:
+        params = minimize(_least_squares(module, target), params, data, k_fit, config, valid=valid).params
     return RewardModel(kind, module, params, data.position_weight, max_enumerated)
 
 
@@ -168,6 +212,7 @@ def fit_reward_model_replicas(
     config: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2),
     max_enumerated: int = 512,
     item_feature_dim: int | None = None,
+    two_step_k: int | None = None,
 ) -> list[RewardModel]:
     """:func:`fit_reward_model` on ``S`` data sets of equal shapes, vmapped into one loop.
 
@@ -175,13 +220,18 @@ def fit_reward_model_replicas(
       datas: ``S`` logged data sets sharing shapes (e.g. one sweep cell's seeds).
       keys: ``[S]`` PRNG keys; model ``s`` matches ``fit_reward_model(datas[s], keys[s])``
         up to float rounding.
-      kind, hidden, target, config, max_enumerated, item_feature_dim: as for
-        :func:`fit_reward_model` (no early stopping).
+      kind, hidden, target, config, max_enumerated, item_feature_dim, two_step_k: as for
+        :func:`fit_reward_model` (no early stopping; two-step kinds fit one by one, as
+        their pair sets differ in size).
 
     Returns:
       ``S`` :class:`RewardModel` s.
     """
-    module = _reward_module(datas[0], kind, hidden, target, item_feature_dim)
+    options = dict(kind=kind, hidden=hidden, target=target, config=config, max_enumerated=max_enumerated,
+                   item_feature_dim=item_feature_dim, two_step_k=two_step_k)
+    if kind.endswith(_TWO_STEP):
+        return [fit_reward_model(d, k, **options) for d, k in zip(datas, keys)]
+    module = _reward_module(datas[0], kind, hidden, target, item_feature_dim, None)
     parts = jax.vmap(jax.random.split)(keys)
     contexts = jnp.stack([d.context[:1] for d in datas])
     rankings = jnp.stack([d.ranking[:1] for d in datas])
@@ -193,12 +243,81 @@ def fit_reward_model_replicas(
     ]
 
 
-def _reward_module(data: LoggedData, kind: str, hidden: Sequence[int], target: str, item_feature_dim: int | None) -> "_SlotValues":
+def _reward_module(
+    data: LoggedData, kind: str, hidden: Sequence[int], target: str, item_feature_dim: int | None, two_step_k: int | None
+) -> "_SlotValues":
     if kind not in REWARD_MODEL_KINDS:
         raise ValueError(f"kind must be one of {REWARD_MODEL_KINDS}, got {kind!r}")
     if target not in ("sum", "slots"):
         raise ValueError(f"target must be 'sum' or 'slots', got {target!r}")
-    return _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(kind == "pairwise"), item_feature_dim=item_feature_dim)
+    prefix_slots = -1
+    if kind.endswith(_TWO_STEP):
+        if not isinstance(two_step_k, int) or not 0 <= two_step_k <= data.ranking_length:
+            raise ValueError(f"kind {kind!r} needs two_step_k, R-POD's k in [0, L={data.ranking_length}], got {two_step_k!r}")
+        if target != "sum":
+            raise ValueError("two-step reward models fit target='sum' only")
+        prefix_slots = two_step_k
+    return _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(base_kind(kind) == "pairwise"),
+                       item_feature_dim=item_feature_dim, prefix_slots=prefix_slots)
+
+
+def shared_prefix_pairs(data: LoggedData, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of logged rounds with the same context and the same top-k prefix.
+
+    Rounds are grouped by (context, ``ranking[:k]``); within a group of m rounds, m - 1
+    pairs chain consecutive rounds (O(n) pairs, each round in at most two).
+
+    Returns:
+      ``(i, j)``: int ``[P]`` row indices.
+    """
+    rows = np.concatenate([np.asarray(data.context, np.float64), np.asarray(data.ranking[:, :k], np.float64)], axis=1)
+    _, group = np.unique(rows, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    order = np.argsort(group, kind="stable")
+    same = group[order][1:] == group[order][:-1]
+    return order[:-1][same], order[1:][same]
+
+
+def _fit_two_step(module: "_SlotValues", params: Any, data: LoggedData, key: jax.Array, config: TrainConfig, target: str) -> Any:
+    """Appendix A: h on within-group differences, then g on the residuals (h frozen)."""
+    i, j = shared_prefix_pairs(data, module.prefix_slots)
+    if len(i) == 0:
+        raise ValueError(
+            f"a two-step f_hat needs logged rounds that share a context and a top-{module.prefix_slots} prefix; "
+            "none do (semi-synthetic LETOR queries repeat, the synthetic environment's contexts never do)"
+        )
+    alpha = data.position_weight
+    value = np.asarray(data.reward) @ np.asarray(alpha)
+    pairs = {"context": data.context[i], "ranking_i": data.ranking[i], "ranking_j": data.ranking[j],
+             "difference": jnp.asarray(value[i] - value[j], jnp.float32)}
+    k_pairs, k_rest = jax.random.split(key)
+    params = minimize(_pair_differences(module), params, pairs, k_pairs, config, aux=alpha).params
+    return minimize(_residuals(module), params, data, k_rest, config).params
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_differences(module: _SlotValues):
+    """Step 1: ``(R_i - R_j) - (f(x, a_i) - f(x, a_j))`` squared; g cancels within a pair."""
+
+    def loss(params, batch, key, alpha):
+        f_i = module.apply(params, batch["context"], batch["ranking_i"]) @ alpha
+        f_j = module.apply(params, batch["context"], batch["ranking_j"]) @ alpha
+        return jnp.mean((batch["difference"] - (f_i - f_j)) ** 2)
+
+    return loss
+
+
+@functools.lru_cache(maxsize=64)
+def _residuals(module: _SlotValues):
+    """Step 2: least squares on R with h frozen (only g's head and offset move)."""
+
+    def loss(params, batch, key, aux):
+        inner = {name: (value if name in ("prefix_head", "offset") else jax.lax.stop_gradient(value))
+                 for name, value in params["params"].items()}
+        f = module.apply({"params": inner}, batch.context, batch.ranking) @ batch.position_weight
+        return jnp.mean((batch.reward @ batch.position_weight - f) ** 2)
+
+    return loss
 
 
 @functools.lru_cache(maxsize=64)

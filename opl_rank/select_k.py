@@ -17,7 +17,7 @@ import jax
 from opl_rank import ope
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.learners import LearnerConfig, fit, fit_replicas, reward_model_options
-from opl_rank.reward_models import fit_reward_model, fit_reward_model_replicas
+from opl_rank.reward_models import base_kind, fit_reward_model, fit_reward_model_replicas
 
 __all__ = ["KSelection", "select_k", "select_k_replicas"]
 
@@ -41,6 +41,7 @@ def select_k(
     estimator: str = "dr",
     holdout_fraction: float = 0.3,
     ci: str = "normal",
+    n_samples: int = 64,
 ) -> KSelection:
     """Pick R-POD's k by OPE on held-out rounds.
 
@@ -52,11 +53,13 @@ def select_k(
       estimator: one of :data:`opl_rank.ope.ESTIMATORS` (``topk`` uses each candidate's k).
       holdout_fraction: share of rounds held out, in (0, 1).
       ci: interval method passed to :func:`opl_rank.ope.evaluate`.
+      n_samples: rankings sampled per hold-out round for the model term of dm / dr /
+        topk (its Monte Carlo error averages over the rounds; 64 is ample).
 
     Returns:
       :class:`KSelection`; ties go to the smaller k.
     """
-    return _select([data], key[None], config, ks, estimator, holdout_fraction, ci, replicated=False)[0]
+    return _select([data], key[None], config, ks, estimator, holdout_fraction, ci, n_samples, replicated=False)[0]
 
 
 def select_k_replicas(
@@ -68,15 +71,16 @@ def select_k_replicas(
     estimator: str = "dr",
     holdout_fraction: float = 0.3,
     ci: str = "normal",
+    n_samples: int = 64,
 ) -> list[KSelection]:
     """:func:`select_k` on ``S`` data sets of equal shapes (``keys [S]``): every candidate
     is fitted on all ``S`` training parts at once (:func:`opl_rank.learners.fit_replicas`)."""
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
-    return _select(datas, keys, config, ks, estimator, holdout_fraction, ci, replicated=True)
+    return _select(datas, keys, config, ks, estimator, holdout_fraction, ci, n_samples, replicated=True)
 
 
-def _select(datas, keys, config, ks, estimator, holdout_fraction, ci, replicated: bool) -> list[KSelection]:
+def _select(datas, keys, config, ks, estimator, holdout_fraction, ci, n_samples, replicated: bool) -> list[KSelection]:
     if config.method != "rpod":
         raise ValueError(f"select_k needs an 'rpod' LearnerConfig, got method {config.method!r}")
     if estimator not in ope.ESTIMATORS:
@@ -93,7 +97,8 @@ def _select(datas, keys, config, ks, estimator, holdout_fraction, ci, replicated
     trains, holdouts = [s[0] for s in splits], [s[1] for s in splits]
     reward_models: list[Any] = [None] * len(datas)
     if estimator in ("dm", "dr", "topk"):
-        options = reward_model_options(config)
+        options = reward_model_options(config)  # the estimator's f_hat: one for every candidate k
+        options["kind"] = base_kind(options["kind"])
         if replicated:
             reward_models = fit_reward_model_replicas(trains, k_model, **options)
         else:
@@ -106,7 +111,7 @@ def _select(datas, keys, config, ks, estimator, holdout_fraction, ci, replicated
         for s, policy in enumerate(fitted):
             result = ope.evaluate(
                 policy, holdouts[s], jax.random.fold_in(k_ope[s], k), estimators=(estimator,),
-                reward_model=reward_models[s], k=k if estimator == "topk" else None, ci=ci,
+                reward_model=reward_models[s], k=k if estimator == "topk" else None, ci=ci, n_samples=n_samples,
             )[estimator]
             policies[s][k] = policy
             tables[s].append({"k": k, "value": result.value, "stderr": result.stderr, "ci_low": result.ci_low,

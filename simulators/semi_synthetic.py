@@ -23,7 +23,6 @@ on it unchanged.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -31,10 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from opl_rank.data import dcg_position_weights
 from simulators.letor import LetorData
 from simulators.logging_policies import UniformLogging, as_logging_policy
-from simulators.synthetic import InteractionRewards, SyntheticRankingEnv, symmetric_interaction
+from simulators.synthetic import InteractionRewards, SyntheticRankingEnv, check_environment_args, symmetric_interaction
 
 __all__ = ["SemiSyntheticRewardModel", "TableLogging", "SemiSyntheticEnv", "LOGGING_POLICIES", "forest_relevance_scores"]
 
@@ -143,18 +141,10 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
         Returns:
           The environment.
         """
-        for name, value in (("n_items", n_items), ("ranking_length", ranking_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if ranking_length > n_items:
-            raise ValueError(f"ranking_length={ranking_length} must be <= n_items={n_items}")
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {lam}")
-        for name, value in (("sigma", sigma), ("eta_scale", eta_scale), ("interaction_scale", interaction_scale)):
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
-        if not (math.isfinite(logging_temperature) and logging_temperature > 0):
-            raise ValueError(f"logging_temperature must be > 0, got {logging_temperature}")
+        position_weight = check_environment_args(
+            n_items, ranking_length, lam, logging_temperature, position_weight,
+            sigma=sigma, eta_scale=eta_scale, interaction_scale=interaction_scale,
+        )
         if not 0.0 < forest_fraction <= 1.0:
             raise ValueError(f"forest_fraction must be in (0, 1], got {forest_fraction}")
         if isinstance(logging_policy, str) and logging_policy not in LOGGING_POLICIES:
@@ -188,11 +178,6 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
         else:
             logging = as_logging_policy(logging_policy, n_items)
         contexts = np.concatenate([features.reshape(n_q, -1), np.arange(n_q, dtype=np.float32)[:, None]], axis=1)
-        if position_weight is None:
-            position_weight = dcg_position_weights(ranking_length)
-        position_weight = jnp.asarray(position_weight, jnp.float32)
-        if position_weight.shape != (ranking_length,):
-            raise ValueError(f"position_weight must have shape (L,) = ({ranking_length},), got {position_weight.shape}")
         return cls(
             reward_model=reward_model,
             logging_policy=logging,

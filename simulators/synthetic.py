@@ -154,25 +154,11 @@ class SyntheticRankingEnv:
         Returns:
           The environment.
         """
-        _check_int("n_items", n_items, 1)
-        _check_int("ranking_length", ranking_length, 1)
         _check_int("context_dim", context_dim, 1)
-        if ranking_length > n_items:
-            raise ValueError(f"ranking_length={ranking_length} must be <= n_items={n_items}")
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {lam}")
-        for name, value in (("sigma", sigma), ("interaction_scale", interaction_scale), ("bias_scale", bias_scale)):
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be finite and >= 0, got {value}")
-        if not (math.isfinite(logging_temperature) and logging_temperature > 0):
-            raise ValueError(f"logging_temperature must be > 0, got {logging_temperature}")
-        if position_weight is None:
-            position_weight = dcg_position_weights(ranking_length)
-        position_weight = jnp.asarray(position_weight, jnp.float32)
-        if position_weight.shape != (ranking_length,):
-            raise ValueError(f"position_weight must have shape (L,) = ({ranking_length},), got {position_weight.shape}")
-        if not bool(jnp.all(jnp.isfinite(position_weight))) or bool(jnp.any(position_weight < 0)):
-            raise ValueError(f"position_weight must be finite and non-negative, got {position_weight.tolist()}")
+        position_weight = check_environment_args(
+            n_items, ranking_length, lam, logging_temperature, position_weight,
+            sigma=sigma, interaction_scale=interaction_scale, bias_scale=bias_scale,
+        )
 
         k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
         reward_model = SyntheticRewardModel(
@@ -329,6 +315,32 @@ class SyntheticRankingEnv:
 
         value = self.policy_value(best, key, n_contexts)
         return value, methods.pop()
+
+
+def check_environment_args(
+    n_items: int, ranking_length: int, lam: float, logging_temperature: float, position_weight: Any, **scales: float
+) -> jax.Array:
+    """Validate what every environment takes (errors name the argument); returns the
+    ``[L]`` float32 position weights (DCG when None)."""
+    _check_int("n_items", n_items, 1)
+    _check_int("ranking_length", ranking_length, 1)
+    if ranking_length > n_items:
+        raise ValueError(f"ranking_length={ranking_length} must be <= n_items={n_items}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1], got {lam}")
+    for name, value in scales.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    if not (math.isfinite(logging_temperature) and logging_temperature > 0):
+        raise ValueError(f"logging_temperature must be > 0, got {logging_temperature}")
+    if position_weight is None:
+        position_weight = dcg_position_weights(ranking_length)
+    position_weight = jnp.asarray(position_weight, jnp.float32)
+    if position_weight.shape != (ranking_length,):
+        raise ValueError(f"position_weight must have shape (L,) = ({ranking_length},), got {position_weight.shape}")
+    if not bool(jnp.all(jnp.isfinite(position_weight))) or bool(jnp.any(position_weight < 0)):
+        raise ValueError(f"position_weight must be finite and non-negative, got {position_weight.tolist()}")
+    return position_weight
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -163,7 +163,7 @@ def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     out = tmp_path / "yahoo"
     args = ["sweep", "--config", yahoo, "--set", "n_items=5", "--set", "ranking_length=2", "--set", "lam=0.5",
             "--set", "n=300", "--set", "seeds=0", "--set", "methods=ips,regression,rpod", "--set", "ks=1",
-            "--set", "reward_models=additive", "--set", "eval_contexts=2000", "--set", "policy_epochs=3",
+            "--set", "reward_models=additive,pairwise-two-step", "--set", "eval_contexts=2000", "--set", "policy_epochs=3",
             "--set", "reward_epochs=3", "--set", f"output_dir={out}", "--json"]
     if not os.path.exists(os.path.join("experiments", "configs", "../../../shared/data/lightgbm_yahoo_sample/lightgbm_yahoo_sample.txt")):
         pytest.skip("the shared Yahoo sample is not next to the repository")
@@ -172,9 +172,12 @@ def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["method"] for r in rows} == {"ips", "regression", "rpod"}
+    assert {r["reward_model"] for r in rows if r["method"] == "rpod"} == {"additive", "pairwise-two-step"}
     for r in rows:
         assert r["simulator"] == "semi_synthetic" and r["logging_policy"] == "random_forest"
         assert r["V_star_method"] == "exact" and float(r["V_star"]) >= float(r["V"]) - 4 * float(r["V_se"])
     # bad configs name the problem
     assert main(["sweep", "--config", yahoo, "--set", "logging_policy=pl", "--set", f"output_dir={out}"]) == 2
     assert "logging_policy for semi_synthetic must be one of" in capsys.readouterr().err
+    assert main(["sweep", "--config", CONFIG, "--set", "reward_models=pairwise-two-step", "--set", f"output_dir={out}"]) == 2
+    assert "two-step reward models need logged rounds that share a context" in capsys.readouterr().err
