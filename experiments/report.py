@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from typing import Any, Iterable
 
-__all__ = ["load_rows", "method_label", "gain_table", "winners", "markdown_report"]
+__all__ = ["load_rows", "method_label", "gain_table", "winners", "k_selection", "markdown_report"]
 
 
 def load_rows(path: str) -> list[dict[str, Any]]:
@@ -99,6 +99,37 @@ def winners(table: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def k_selection(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How each k-selection method did against the true best k, per (D, L, lambda, n, f_hat).
+
+    For every cell and reward model the true best k is the argmax over the ``rpod`` rows'
+    ground-truth values (ties to the smaller k). Returns one record per (D, L, lambda, n,
+    reward model, selector) with ``hit`` (share of seeds where the chosen k is the true best),
+    ``regret`` (mean ± SE of best-k gain minus chosen-k gain), and the chosen and best k per seed.
+    """
+    best: dict[tuple, tuple[float, int, float]] = {}
+    for r in rows:
+        if r["method"] == "rpod":
+            key = (r["D"], r["L"], r["lambda"], r["n"], r["reward_model"], r["seed"])
+            current = best.get(key)
+            if current is None or (r["V"], -r["k"]) > (current[0], -current[1]):
+                best[key] = (r["V"], r["k"], r["normalized_gain"])
+    groups: dict[tuple, list[tuple[int, int, float]]] = defaultdict(list)
+    for r in rows:
+        if r["method"] in ("rpod-ope", "rpod-oracle"):
+            cell = (r["D"], r["L"], r["lambda"], r["n"], r["reward_model"], r["seed"])
+            if cell in best:
+                _, k_best, gain_best = best[cell]
+                groups[cell[:5] + (r["selector"],)].append((r["k_selected"], k_best, gain_best - r["normalized_gain"]))
+    out = []
+    for (d, l, lam, n, model, selector), items in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        regret = _mean_se([x[2] for x in items])
+        out.append({"D": d, "L": l, "lambda": lam, "n": n, "reward_model": model, "selector": selector,
+                    "hit": sum(x[0] == x[1] for x in items) / len(items), "regret": regret, "seeds": len(items),
+                    "chosen": [x[0] for x in items], "best": [x[1] for x in items]})
+    return out
+
+
 def _fmt(mean: float, se: float) -> str:
     return f"{mean:.3f} ± {se:.3f}" if math.isfinite(se) else f"{mean:.3f}"
 
@@ -129,6 +160,16 @@ def markdown_report(rows: list[dict[str, Any]]) -> str:
             f"{w.get('runner_up', '')} | {_fmt(*margin[:2]) + f' ({margin[2]})' if margin else ''} | "
             f"{w.get('best_regression', '(best)')} | {_fmt(*reg[:2]) + f' ({reg[2]})' if reg else ''} |"
         )
+    selection = k_selection(rows)
+    if selection:
+        lines += ["", "### Choosing k: the chosen k against the true best k (per seed)", "",
+                  "| D | L | lambda | n | f_hat | selector | right k | regret (gain) | chosen k | best k |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for s in selection:
+            lines.append(
+                f"| {s['D']} | {s['L']} | {s['lambda']:g} | {s['n']} | {s['reward_model']} | {s['selector']} | "
+                f"{s['hit']:.0%} | {_fmt(*s['regret'])} | {' '.join(map(str, s['chosen']))} | {' '.join(map(str, s['best']))} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,9 @@ class PairwiseTrainConfig:
       batch_lists: lists per step (capped at N).
       pair_loss: a name in :data:`opl_rank.pairwise.PAIR_LOSSES`.
       weight_decay: AdamW decoupled weight decay (0: Adam).
+      patience: with validation lists, stop after this many epochs without a lower
+        validation loss (the same debiased loss on held-out queries' clicks) and keep the
+        best parameters.
     """
 
     hidden: tuple[int, ...] = (64, 32)
@@ -43,11 +46,12 @@ class PairwiseTrainConfig:
     batch_lists: int = 128
     pair_loss: str = "ranknet"
     weight_decay: float = 0.0
+    patience: int = 5
 
     def __post_init__(self) -> None:
         if self.pair_loss not in PAIR_LOSSES:
             raise ValueError(f"pair_loss must be one of {sorted(PAIR_LOSSES)}, got {self.pair_loss!r}")
-        for name in ("epochs", "batch_lists"):
+        for name in ("epochs", "batch_lists", "patience"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -62,7 +66,7 @@ class PairwiseRanker(NamedTuple):
 
     module: MLPScorer
     params: Any
-    history: list[float]  # mean training loss per epoch
+    history: list[dict[str, float]]  # per epoch: train_loss (and valid_loss)
 
     def scores(self, features: jax.Array) -> jax.Array:
         return self.module.apply(self.params, jnp.asarray(features, jnp.float32))
@@ -77,6 +81,8 @@ def _step(module: MLPScorer, config: PairwiseTrainConfig, correction: str):
         per_list = unbiased_pairwise_loss(scores, targets, examination, joint, mask, config.pair_loss, correction)
         return jnp.mean(per_list)
 
+    evaluate = jax.jit(loss_fn)
+
     @jax.jit
     def step(params, opt_state, features, targets, mask, examination, joint):
         loss, grads = jax.value_and_grad(loss_fn)(params, features, targets, mask, examination, joint)
@@ -84,7 +90,7 @@ def _step(module: MLPScorer, config: PairwiseTrainConfig, correction: str):
             updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return optimizer, step
+    return optimizer, step, evaluate
 
 
 def train_pairwise_ranker(
@@ -97,6 +103,7 @@ def train_pairwise_ranker(
     *,
     correction: str = "joint",
     config: PairwiseTrainConfig = PairwiseTrainConfig(),
+    valid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> PairwiseRanker:
     """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W).
 
@@ -110,6 +117,8 @@ def train_pairwise_ranker(
       correction: ``"joint"`` (unbiased), ``"individual"`` or ``"none"``; see
         :func:`opl_rank.pairwise.correction_matrix`.
       config: :class:`PairwiseTrainConfig`.
+      valid: optional held-out ``(features, targets, mask)`` lists (other queries' logs,
+        same ranks): early stopping on the same loss, best parameters kept.
 
     Returns:
       :class:`PairwiseRanker`.
@@ -124,12 +133,15 @@ def train_pairwise_ranker(
     module = MLPScorer(hidden=tuple(config.hidden))
     k_init, key = jax.random.split(key)
     params = module.init(k_init, features[:1])
-    optimizer, step = _step(module, config, correction)
+    optimizer, step, evaluate = _step(module, config, correction)
     opt_state = optimizer.init(params)
     targets, mask = jnp.asarray(targets, bool), jnp.asarray(mask, bool)
     examination, joint = jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32)
-    history = []
-    for _ in range(config.epochs):
+    if valid is not None:
+        valid = (jnp.asarray(valid[0], jnp.float32), jnp.asarray(valid[1], bool), jnp.asarray(valid[2], bool))
+    history: list[dict[str, float]] = []
+    best = (math.inf, params)
+    for epoch in range(config.epochs):
         key, k_perm = jax.random.split(key)
         order = np.asarray(jax.random.permutation(k_perm, n))
         losses = []
@@ -137,7 +149,14 @@ def train_pairwise_ranker(
             rows = order[start : start + batch]
             params, opt_state, loss = step(params, opt_state, features[rows], targets[rows], mask[rows], examination, joint)
             losses.append(loss)
-        history.append(float(np.mean(np.asarray(losses))))
-        if not math.isfinite(history[-1]):
-            raise FloatingPointError(f"training loss became {history[-1]} at epoch {len(history)}")
-    return PairwiseRanker(module, params, history)
+        record = {"train_loss": float(np.mean(np.asarray(losses)))}
+        if not math.isfinite(record["train_loss"]):
+            raise FloatingPointError(f"training loss became {record['train_loss']} at epoch {epoch + 1}")
+        if valid is not None:
+            record["valid_loss"] = float(evaluate(params, *valid, examination, joint))
+            if record["valid_loss"] < best[0]:
+                best = (record["valid_loss"], params)
+        history.append(record)
+        if valid is not None and epoch + 1 - int(np.argmin([r["valid_loss"] for r in history])) > config.patience:
+            break
+    return PairwiseRanker(module, best[1] if valid is not None else params, history)

@@ -279,7 +279,14 @@ def shared_prefix_pairs(data: LoggedData, k: int) -> tuple[np.ndarray, np.ndarra
 
 
 def _fit_two_step(module: "_SlotValues", params: Any, data: LoggedData, key: jax.Array, config: TrainConfig, target: str) -> Any:
-    """Appendix A: h on within-group differences, then g on the residuals (h frozen)."""
+    """Appendix A: h on within-group differences, then g on the residuals (h frozen).
+
+    At k = L rounds sharing the whole ranking differ only by noise: step 1 has nothing to
+    learn and is skipped (f_hat is then g, an additive model over every slot).
+    """
+    k_pairs, k_rest = jax.random.split(key)
+    if module.prefix_slots == data.ranking_length:
+        return minimize(_residuals(module), params, data, k_rest, config).params
     i, j = shared_prefix_pairs(data, module.prefix_slots)
     if len(i) == 0:
         raise ValueError(
@@ -290,7 +297,6 @@ def _fit_two_step(module: "_SlotValues", params: Any, data: LoggedData, key: jax
     value = np.asarray(data.reward) @ np.asarray(alpha)
     pairs = {"context": data.context[i], "ranking_i": data.ranking[i], "ranking_j": data.ranking[j],
              "difference": jnp.asarray(value[i] - value[j], jnp.float32)}
-    k_pairs, k_rest = jax.random.split(key)
     params = minimize(_pair_differences(module), params, pairs, k_pairs, config, aux=alpha).params
     return minimize(_residuals(module), params, data, k_rest, config).params
 

@@ -66,7 +66,7 @@ def test_click_rewards_as_an_environments_reward_model():
     env = SyntheticRankingEnv.create(make_key(0), n_items=6, ranking_length=3, bias_scale=0.3)
     clicks = ClickRewardModel(env.reward_model, ClickModel("continuous", 3))
     clicked_env = dataclasses.replace(env, reward_model=clicks)
-    data = clicked_env.sample_logged_data(make_key(1), 20_000)
+    data = clicked_env.sample_logged_data(make_key(1), 8000)
     reward = np.asarray(data.reward)
     assert set(np.unique(reward)) <= {0.0, 1.0}
     expected = np.asarray(clicks.expected_reward(data.context, data.ranking))
@@ -74,7 +74,7 @@ def test_click_rewards_as_an_environments_reward_model():
     se = reward.std(0) / np.sqrt(len(reward))
     assert np.all(np.abs(reward.mean(0) - expected.mean(0)) < 4 * se)
     assert reward[:, 0].mean() > reward[:, 2].mean()  # position bias
-    value = clicked_env.policy_value(clicked_env.logging_policy_sampler(), make_key(2), 5000)
+    value = clicked_env.policy_value(clicked_env.logging_policy_sampler(), make_key(2), 2000)
     assert 0.0 < value.value < float(jnp.sum(env.position_weight))
     with pytest.raises(ValueError, match="covers 2 positions"):
         ClickRewardModel(env.reward_model, ClickModel("continuous", 2)).expected_reward(data.context, data.ranking)

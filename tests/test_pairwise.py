@@ -62,11 +62,16 @@ def test_expected_debiased_loss_equals_the_loss_on_true_relevance(browsing, pair
     scores, relevant = _tiny_lists()
     p, p_joint = model.examination(), model.joint_examination()
     truth = np.asarray(pairwise_loss(scores, relevant, pair_loss=pair_loss))
-    expected = {c: np.zeros(scores.shape[0]) for c in ("joint", "none", "individual")}
-    for e, prob in _examination_outcomes(model):
-        clicks = relevant & jnp.asarray(e)[None, :]
-        for c in expected:
-            expected[c] += prob * np.asarray(unbiased_pairwise_loss(scores, clicks, p, p_joint, pair_loss=pair_loss, correction=c))
+    outcomes = list(_examination_outcomes(model))
+    n = scores.shape[0]
+    # every outcome of every list as one batch: [outcomes * n, K]
+    clicks = jnp.concatenate([relevant & jnp.asarray(e)[None, :] for e, _ in outcomes])
+    tiled = jnp.tile(scores, (len(outcomes), 1))
+    probs = np.array([prob for _, prob in outcomes])
+    expected = {}
+    for c in ("joint", "none", "individual"):
+        losses = np.asarray(unbiased_pairwise_loss(tiled, clicks, p, p_joint, pair_loss=pair_loss, correction=c)).reshape(len(outcomes), n)
+        expected[c] = probs @ losses
     np.testing.assert_allclose(expected["joint"], truth, rtol=1e-4, atol=1e-4)
     # the naive click loss and the individual-only correction are biased here (the test can fail)
     assert np.max(np.abs(expected["none"] - truth)) > 0.1
@@ -79,8 +84,15 @@ def test_expected_debiased_gradient_equals_the_true_gradient(browsing):
     scores, relevant = _tiny_lists()
     p, p_joint = model.examination(), model.joint_examination()
     true_grad = jax.grad(lambda s: jnp.sum(pairwise_loss(s, relevant)))(scores)
-    grad = jax.grad(lambda s, c: jnp.sum(unbiased_pairwise_loss(s, c, p, p_joint)))
-    expected = sum(prob * np.asarray(grad(scores, relevant & jnp.asarray(e)[None])) for e, prob in _examination_outcomes(model))
+    outcomes = list(_examination_outcomes(model))
+    clicks = jnp.stack([relevant & jnp.asarray(e)[None] for e, _ in outcomes])  # [O, n, K]
+    probs = jnp.asarray([prob for _, prob in outcomes], jnp.float32)
+
+    def expected_loss(s):  # sum_o P(o) * loss(clicks_o), differentiated once
+        per_outcome = jax.vmap(lambda c: jnp.sum(unbiased_pairwise_loss(s, c, p, p_joint)))(clicks)
+        return jnp.sum(probs * per_outcome)
+
+    expected = np.asarray(jax.grad(expected_loss)(scores))
     np.testing.assert_allclose(expected, np.asarray(true_grad), atol=1e-4)
 
 

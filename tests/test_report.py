@@ -65,3 +65,19 @@ def test_report_cli_reads_a_results_csv(tmp_path, capsys):
     assert all((tmp_path / "plots" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert main(["report", str(tmp_path / "missing.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_k_selection_against_the_true_best_k():
+    from experiments.report import k_selection
+
+    rows = _rows()
+    # seed 0: OPE picks k=2 (the true best), seed 1: k=0 (regret 0.03), seed 2: k=2
+    for seed, chosen in enumerate([2, 0, 2]):
+        gain = next(r["normalized_gain"] for r in rows if r["method"] == "rpod" and r["k"] == chosen and r["seed"] == seed)
+        rows.append(dict(rows[0], method="rpod-ope", k=None, seed=seed, k_selected=chosen, selector="ope:dr",
+                         V=gain, normalized_gain=gain))
+    (record,) = k_selection(rows)
+    assert record["selector"] == "ope:dr" and record["best"] == [2, 2, 2] and record["chosen"] == [2, 0, 2]
+    assert record["hit"] == pytest.approx(2 / 3)
+    assert record["regret"][0] == pytest.approx(0.03 / 3)
+    assert "| 10 | 5 | 1 | 1000 | pairwise | ope:dr | 67% |" in markdown_report(rows)
