@@ -131,14 +131,16 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
             "clicks_per_list": float(logs.clicks.sum(1).mean())}
     test_forest = forest_relevance_scores(seed, train, test.features, experiment.ranker_fraction)
     rows = [{**base, "variant": "logging_ranker", **evaluate_ranker(test_forest, test.labels, test.mask), "train_seconds": 0.0}]
+    # the [N, K, F] feature gathers are shared by every variant: slice them once
+    fit_features, valid_features = features[~is_valid], features[is_valid]
+    fit_mask, valid_mask = logs.mask[~is_valid], logs.mask[is_valid]
     for variant in experiment.variants:
         targets = logs.relevant if variant == "relevance" else logs.clicks
         start = time.perf_counter()
-        fit_rows = ~is_valid
         ranker = train_pairwise_ranker(
-            k_train, features[fit_rows], targets[fit_rows], logs.mask[fit_rows], logs.examination, logs.joint_examination,
+            k_train, fit_features, targets[~is_valid], fit_mask, logs.examination, logs.joint_examination,
             correction=VARIANTS[variant], config=experiment.training,
-            valid=(features[is_valid], targets[is_valid], logs.mask[is_valid]) if is_valid.any() else None,
+            valid=(valid_features, targets[is_valid], valid_mask) if is_valid.any() else None,
         )
         scores = np.asarray(ranker.scores(test.features))
         rows.append({**base, "variant": variant, **evaluate_ranker(scores, test.labels, test.mask),

@@ -140,7 +140,7 @@ def train_pairwise_ranker(
     if valid is not None:
         valid = (jnp.asarray(valid[0], jnp.float32), jnp.asarray(valid[1], bool), jnp.asarray(valid[2], bool))
     history: list[dict[str, float]] = []
-    best = (math.inf, params)
+    best_loss, best_params, best_epoch = math.inf, params, 0
     for epoch in range(config.epochs):
         key, k_perm = jax.random.split(key)
         order = np.asarray(jax.random.permutation(k_perm, n))
@@ -154,9 +154,9 @@ def train_pairwise_ranker(
             raise FloatingPointError(f"training loss became {record['train_loss']} at epoch {epoch + 1}")
         if valid is not None:
             record["valid_loss"] = float(evaluate(params, *valid, examination, joint))
-            if record["valid_loss"] < best[0]:
-                best = (record["valid_loss"], params)
+            if record["valid_loss"] < best_loss:
+                best_loss, best_params, best_epoch = record["valid_loss"], params, epoch
         history.append(record)
-        if valid is not None and epoch + 1 - int(np.argmin([r["valid_loss"] for r in history])) > config.patience:
+        if valid is not None and epoch - best_epoch >= config.patience:
             break
-    return PairwiseRanker(module, best[1] if valid is not None else params, history)
+    return PairwiseRanker(module, best_params if valid is not None else params, history)

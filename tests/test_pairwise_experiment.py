@@ -9,6 +9,7 @@ import pytest
 
 from experiments.cli import main
 from opl_rank import make_key
+from opl_rank.pairwise import unbiased_pairwise_loss
 from opl_rank.pairwise_training import PairwiseTrainConfig, train_pairwise_ranker
 from simulators.clicks import ClickModel, simulate_click_logs
 
@@ -38,6 +39,33 @@ def test_debiased_training_recovers_the_relevance_order_that_clicks_hide():
         weights[correction] = kernel[1] / abs(kernel[0])  # weight on position relative to relevance
     assert weights["none"] > 0.3  # clicks reward being shown first
     assert abs(weights["joint"]) < 0.6 * weights["none"]  # debiasing removes most of it
+
+
+def test_early_stopping_keeps_the_best_validation_epoch():
+    """With validation lists, training stops `patience` epochs after the best validation loss
+    and returns that epoch's parameters (their validation loss is the history's minimum)."""
+    rng = np.random.default_rng(3)
+    q, k = 60, 5
+    features = rng.normal(size=(q, k, 8)).astype(np.float32)  # noise features: overfitting is guaranteed
+    labels = rng.integers(0, 5, size=(q, k)).astype(np.float64)
+    logs = simulate_click_logs(make_key(2), labels, np.ones((q, k), bool), rng.normal(size=(q, k)),
+                               ClickModel("independent", k, eta=1.0), repeats=4)
+    shown = features[logs.query[:, None], logs.docs]
+    held = logs.query < q // 3
+    config = PairwiseTrainConfig(hidden=(32,), learning_rate=0.05, epochs=60, batch_lists=64, patience=3)
+    ranker = train_pairwise_ranker(make_key(4), shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
+                                   logs.joint_examination, config=config,
+                                   valid=(shown[held], logs.clicks[held], logs.mask[held]))
+    valid = [r["valid_loss"] for r in ranker.history]
+    best = int(np.argmin(valid))
+    assert len(valid) == best + 1 + config.patience < config.epochs  # stopped early, exactly patience after the best
+    scores = ranker.scores(shown[held])
+    kept = float(np.mean(unbiased_pairwise_loss(scores, logs.clicks[held], logs.examination, logs.joint_examination,
+                                                logs.mask[held], "ranknet", "joint")))
+    assert kept == pytest.approx(valid[best], rel=1e-5)
+    no_valid = train_pairwise_ranker(make_key(4), shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
+                                     logs.joint_examination, config=config)
+    assert len(no_valid.history) == config.epochs and "valid_loss" not in no_valid.history[0]
 
 
 @pytest.mark.skipif(not os.path.exists(YAHOO), reason="the shared Yahoo sample is not next to the repository")
