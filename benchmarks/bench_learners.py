@@ -39,7 +39,8 @@ from opl_rank import make_key  # noqa: E402
 from opl_rank import opl_estimators as oe  # noqa: E402
 from opl_rank.learners import LearnerConfig, fit  # noqa: E402
 from opl_rank.optimization import TrainConfig  # noqa: E402
-from opl_rank.policies import ActionScorer  # noqa: E402
+from opl_rank.policies import PLPolicy  # noqa: E402
+from opl_rank.scorers import ActionScorer  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 
 CONFIGS = [
@@ -88,8 +89,8 @@ def naive_vs_compiled_epoch(n: int) -> dict[str, float]:
     optimizer = optax.adam(0.05)
 
     def loss(p, batch):
-        logits = module.apply(p, batch.context)
-        return -jnp.mean(oe.ips_terms(logits, batch.ranking, batch.reward, batch.log_pi0_prefix, batch.position_weight))
+        target = PLPolicy(module, p, batch.ranking_length).propensities(batch)
+        return -oe.estimate(oe.ips_terms(target, batch))
 
     def naive_epoch(p):
         state = optimizer.init(p)

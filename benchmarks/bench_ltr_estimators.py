@@ -72,9 +72,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 from opl_rank import ltr_estimators as le  # noqa: E402
 from opl_rank import make_key  # noqa: E402
 from opl_rank.ltr_training import LTRConfig, train_ltr  # noqa: E402
+from simulators import datasets  # noqa: E402
 from simulators.letor import load_letor, split_queries  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared/data/lightgbm_yahoo_sample/lightgbm_yahoo_sample.txt"
+DATA = datasets.path("yahoo_sample")  # the shipped Yahoo! LTR sample
 CUTOFF = 10
 BATCH_QUERIES = 128
 # Exact check: one small query, exposure by enumerating all D!/(D-K)! = 120 top-3 rankings.

@@ -1,4 +1,4 @@
-"""Seeds one by one (``fit``) against seeds vmapped into one loop (``fit_replicas``).
+"""Seeds one by one (``fit``) against seeds vmapped into one loop (``fit_seeds``).
 
 Usage (from the repository root)::
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 from _timing import environment, seconds  # noqa: E402
 
 from opl_rank import prng  # noqa: E402
-from opl_rank.learners import LearnerConfig, fit, fit_replicas  # noqa: E402
+from opl_rank.learners import LearnerConfig, fit, fit_seeds  # noqa: E402
 from opl_rank.optimization import TrainConfig  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 
@@ -60,9 +60,9 @@ def main() -> None:
         wait = lambda policies: jax.block_until_ready([jax.tree.leaves(p) for p in policies])
         stacked = jnp.stack(keys[1:])
         wait([fit(datas[0], keys[0], config)])  # compile the one-by-one path
-        wait(fit_replicas(datas[1:], stacked, config))  # compile the vmapped path
+        wait(fit_seeds(datas[1:], stacked, config))  # compile the vmapped path
         one_by_one = seconds(lambda: wait([fit(d, k, config) for d, k in zip(datas[1:], keys[1:])]))
-        vmapped = seconds(lambda: wait(fit_replicas(datas[1:], stacked, config)))
+        vmapped = seconds(lambda: wait(fit_seeds(datas[1:], stacked, config)))
         results[name] = {"one_by_one_s": one_by_one, "vmapped_s": vmapped, "ratio": one_by_one / vmapped}
         print(f"{name:<22} {args.seeds} seeds, n={args.n}: one by one {one_by_one:6.2f} s   vmapped {vmapped:6.2f} s   "
               f"ratio {one_by_one / vmapped:5.2f}", flush=True)

@@ -102,8 +102,25 @@ def build_with_training(cls: type, training_cls: type, values: dict[str, Any], *
     return dataclasses.replace(own, training=training)
 
 
+DATASET_PREFIX = "dataset:"
+
+
 def resolve_path(path: str, config_path: str | None) -> str:
-    """A data path as written, else relative to the config file's folder; must exist."""
+    """A data path as written, else relative to the config file's folder; must exist.
+
+    ``dataset:NAME`` (e.g. ``dataset:yahoo_sample``) names a data set shipped with the
+    package instead: the result is :func:`simulators.datasets.path` of NAME, absolute, so it
+    does not depend on the working directory or the config's location. An unknown NAME is a
+    ``ValueError`` that lists the known ones.
+    """
+    if path.startswith(DATASET_PREFIX):
+        from simulators import datasets
+
+        name = path[len(DATASET_PREFIX):].strip()
+        try:
+            return datasets.path(name)
+        except FileNotFoundError as err:
+            raise ValueError(f"data file not found: {err}") from err
     candidates = [path]
     if config_path is not None and not os.path.isabs(path):
         candidates.append(os.path.join(os.path.dirname(os.path.abspath(config_path)), path))

@@ -30,12 +30,9 @@ import yaml
 
 from experiments.config import build_dataclass, load_yaml
 
-__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "load_logging_policy"]
+__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "load_logging_policy", "import_plugins"]
 
-_POLICY_METHODS = ("ips", "iips", "rips")
-_MODEL_METHODS = ("dr", "regression", "rpod")
 _SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
-_SIMULATORS = {"synthetic": ("pl", "uniform"), "semi_synthetic": ("random_forest", "uniform")}  # built-in logging
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,35 +71,41 @@ class OPLSweep:
     policy_hidden: tuple[int, ...] = ()  # hidden sizes of the policies' scorers (() = linear)
     reward_hidden: tuple[int, ...] = ()  # hidden sizes of f_hat's item head
     output_dir: str = "results/opl_synthetic"
+    plugins: tuple[str, ...] = ()  # modules imported first (and in every worker): they register
+    # estimators (opl_rank.opl_estimators.register) or environments (simulators.environments.register)
 
     def __post_init__(self) -> None:
-        from opl_rank.learners import METHODS
+        import_plugins(self.plugins)
+        from opl_rank.learners import learning_methods
         from opl_rank.reward_models import REWARD_MODEL_KINDS
 
         for name in ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "reward_models"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
-        known = list(METHODS) + list(_SELECTION_METHODS)
+        known = list(learning_methods()) + list(_SELECTION_METHODS)
         unknown = sorted(set(self.methods) - set(known))
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; known: {known}")
-        from opl_rank.ope import ESTIMATORS
+        from opl_rank.opl_estimators import ESTIMATORS
 
-        if self.ope_estimator not in ESTIMATORS or self.ope_estimator == "iips":
-            raise ValueError(f"ope_estimator must be one of {[e for e in ESTIMATORS if e != 'iips']}, got {self.ope_estimator!r}")
+        usable = [name for name, e in ESTIMATORS.items() if not e.needs_position_marginals]
+        if self.ope_estimator not in usable:
+            raise ValueError(f"ope_estimator must be one of {usable}, got {self.ope_estimator!r}")
         if not 0.0 < self.ope_holdout < 1.0:
             raise ValueError(f"ope_holdout must be in (0, 1), got {self.ope_holdout}")
-        if self.simulator not in _SIMULATORS:
-            raise ValueError(f"simulator must be one of {list(_SIMULATORS)}, got {self.simulator!r}")
-        builtin = _SIMULATORS[self.simulator]
+        from simulators import environments
+
+        spec = environments.get(self.simulator)
+        if spec.check is not None:
+            spec.check(self)
+        builtin = spec.logging_policies
         if self.logging_policy not in builtin:
             if ":" not in self.logging_policy:
                 raise ValueError(f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}")
             load_logging_policy(self.logging_policy)  # fails early, naming the problem
-        if self.simulator == "synthetic" and any(kind.endswith("-two-step") for kind in self.reward_models):
-            raise ValueError("two-step reward models need logged rounds that share a context: use simulator semi_synthetic")
-        if self.simulator == "semi_synthetic" and not self.letor_path:
-            raise ValueError("simulator semi_synthetic needs letor_path (a LETOR/SVMlight file)")
+        if not spec.repeats_contexts and any(kind.endswith("-two-step") for kind in self.reward_models):
+            raise ValueError(f"two-step reward models need logged rounds that share a context; simulator "
+                             f"{self.simulator!r} never repeats one (use simulator semi_synthetic)")
         if self.vmap_seeds not in (True, False, "auto"):
             raise ValueError(f"vmap_seeds must be true, false or auto, got {self.vmap_seeds!r}")
         if any(v <= 0 for v in self.oracle_noise):
@@ -120,6 +123,17 @@ class OPLSweep:
             raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
         if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
             raise ValueError(f"ks must be in [0, L], got {self.ks}")
+
+
+def import_plugins(modules: tuple[str, ...]) -> None:
+    """Import each plugin module (its registrations run on import); errors name the module."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(f"plugins: cannot import module {name!r} ({err})") from err
 
 
 def _as_grid(cls: type, values: dict[str, Any]) -> dict[str, Any]:
@@ -155,11 +169,14 @@ def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
 def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:
     """(method, k, reward model) of every row of a cell. For ``rpod-oracle`` the middle
     entry is the noise divisor (its k is chosen in the cell); for ``rpod-ope`` it is None."""
+    from opl_rank.learners import needs_reward_model
+
     rows: list[tuple[str, Any, str]] = []
     for method in sweep.methods:
-        if method in _POLICY_METHODS:
+        with_model = method in _SELECTION_METHODS or needs_reward_model(method)
+        if not with_model:
             rows.append((method, None, "-"))
-        for kind in sweep.reward_models if method in _MODEL_METHODS + _SELECTION_METHODS else ():
+        for kind in sweep.reward_models if with_model else ():
             if method == "rpod":
                 rows.extend(("rpod", k, kind) for k in _candidate_ks(sweep, n_slots))
             elif method == "rpod-oracle":
@@ -197,53 +214,44 @@ def load_logging_policy(spec: str) -> Callable:
 
 @functools.lru_cache(maxsize=128)
 def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
-    """The cell's environment and its ground truth V(pi_0), V* (shared by every n)."""
+    """The cell's environment (from the registry) and its ground truth V(pi_0), V*
+    (shared by every n)."""
     from opl_rank import prng
-    from simulators import SyntheticRankingEnv
+    from simulators import environments
     from simulators.logging_policies import CallableLogging
-    from simulators.semi_synthetic import SemiSyntheticEnv
 
+    spec = environments.get(sweep.simulator)
     k_env, _, k_eval, _ = prng.split_seed(seed, 4)
-    logging_policy: Any = {"pl": None, "uniform": "uniform", "random_forest": "random_forest"}.get(sweep.logging_policy)
-    if sweep.logging_policy not in _SIMULATORS[sweep.simulator]:
+    logging_policy: Any = sweep.logging_policy  # a built-in name, else a user's module:function
+    if logging_policy not in spec.logging_policies:
         logging_policy = CallableLogging(load_logging_policy(sweep.logging_policy), n_items, temperature=tau)
-    common = dict(n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=sweep.sigma,
-                  interaction_scale=sweep.interaction_scale, logging_temperature=tau, logging_policy=logging_policy)
-    if sweep.simulator == "semi_synthetic":
-        letor = _letor(sweep.letor_path, sweep.letor_normalize)
-        env = SemiSyntheticEnv.create(k_env, letor, eta_scale=sweep.eta_scale, forest_fraction=sweep.forest_fraction, **common)
-    else:
-        env = SyntheticRankingEnv.create(k_env, **common)
+    env = spec.create(k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, tau=tau,
+                      logging_policy=logging_policy, config=sweep)
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     return env, v0, v_star, star_method
 
 
-@functools.lru_cache(maxsize=4)
-def _letor(path: str, normalize: str | None):
-    from simulators.letor import load_letor
-
-    return load_letor(path, normalize=normalize)
-
-
 def _run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed. Every method is fitted on all the
-    seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_replicas`) when
+    seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_seeds`) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from opl_rank import prng
-    from opl_rank.learners import LearnerConfig, fit, fit_replicas
+    from opl_rank.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
+
+    import_plugins(sweep.plugins)  # a worker process has not imported them yet
     from opl_rank.optimization import TrainConfig
-    from opl_rank.select_k import select_k, select_k_replicas
+    from opl_rank.select_k import select_k
 
     keys = [prng.split_seed(cell["seed"], 4) for cell in group]
     k_eval = [k[2] for k in keys]
     k_fit = jnp.stack([k[3] for k in keys])
     truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"]) for c in group]
-    need_marginals = "iips" in sweep.methods
+    need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in _SELECTION_METHODS)
     datas = [
         env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none")
         for (env, *_), k, c in zip(truth, keys, group)
@@ -271,7 +279,7 @@ def _run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[s
         key = alias if alias is not None else (method, k, kind)
         if key not in done:
             start = time.perf_counter()
-            policies = fit_replicas(datas, k_fit, config(*key)) if together else [fit(datas[0], k_fit[0], config(*key))]
+            policies = fit_seeds(datas, k_fit, config(*key)) if together else [fit(datas[0], k_fit[0], config(*key))]
             values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
             done[key] = (values, (time.perf_counter() - start) / len(group))
         return done[key]
@@ -285,10 +293,7 @@ def _run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[s
         if method == "rpod-ope":
             select_keys = jnp.stack([jax.random.fold_in(kf, 1) for kf in k_fit])
             options = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
-            if together:
-                selections = select_k_replicas(datas, select_keys, config("rpod", 0, kind), **options)
-            else:
-                selections = [select_k(datas[0], select_keys[0], config("rpod", 0, kind), **options)]
+            selections = [select_k(d, k, config("rpod", 0, kind), **options) for d, k in zip(datas, select_keys)]
             chosen, selector = [sel.k for sel in selections], f"ope:{sweep.ope_estimator}"
         elif method == "rpod-oracle":  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
             table = np.array([[v.value for v in values_of("rpod", c, kind)[0]] for c in candidates])  # [K, S]

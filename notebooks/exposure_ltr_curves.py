@@ -8,7 +8,7 @@
 # # Learning curves of the PL policy-gradient estimators on the Yahoo! LTR sample
 #
 # A small reproduction of the learning-curve experiment of *Exposure-based RL for LTR*
-# (`../shared/papers/exposure_based_rl_to_rank.txt`, Secs. 6-8, Figs. 4-5, Table 1):
+# (Secs. 6-8, Figs. 4-5, Table 1; the paper text is not part of this repository):
 # NDCG@10 on held-out queries after every epoch for PL-Rank-3 (`plrank3`), the standard
 # (`standard`), placement (`placement`), marginalize-all (`marginalize_all`) and
 # exposure-based (`exposure`) estimators, all with leave-one-out baseline corrections
@@ -70,7 +70,7 @@ CUTOFF = 10  # K: sampled ranking length and NDCG@K
 SPLIT_SEED = 0
 VALID_FRACTION = 0.2
 TARGET_FRACTION = 0.98  # "epochs to reach 98% of the best mean NDCG@10 at that N"
-DATA = "../shared/data/lightgbm_yahoo_sample/lightgbm_yahoo_sample.txt"  # relative to the repo root
+DATA = "yahoo_sample"  # a data set shipped with the package (simulators.datasets, simulators/data/)
 OUT_DIR = os.environ.get("OPL_RANK_NOTEBOOK_OUT", "results/exposure_ltr_curves")
 
 # %%
@@ -100,8 +100,9 @@ import jax
 from opl_rank import make_key
 from opl_rank.atomic import atomic_write, atomic_write_text
 from opl_rank.ltr_training import LTRConfig, train_ltr
-from opl_rank.policies import MLPScorer
-from simulators.letor import load_letor, split_queries
+from opl_rank.scorers import MLPScorer
+from simulators import datasets
+from simulators.letor import split_queries
 
 out_dir = Path(OUT_DIR) if Path(OUT_DIR).is_absolute() else REPO_ROOT / OUT_DIR
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -119,7 +120,7 @@ print(f"size={SIZE}  jax {jax.__version__} on {jax.default_backend()}  output: {
 # ## Data: the Yahoo! LTR sample, one fixed split by query
 
 # %%
-data = load_letor(REPO_ROOT / DATA, normalize="minmax")
+data = datasets.load(DATA, normalize="minmax")
 train, valid = split_queries(data, (1 - VALID_FRACTION, VALID_FRACTION), seed=SPLIT_SEED)
 print(
     f"{data.qids.shape[0]} queries, {int(data.mask.sum())} docs, {data.n_features} features; "

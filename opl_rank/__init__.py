@@ -4,17 +4,27 @@
 """
 
 from opl_rank import (
+    completion,
     exposure_losses,
     learners,
     ltr_estimators,
     metrics,
+    ope,
     opl_estimators,
     optimization,
+    pairwise,
     plackett_luce,
     policies,
+    prng,
     reward_models,
+    scorers,
+    select_k as k_selection,
 )
 from opl_rank.data import LoggedData, dcg_position_weights, minibatches, train_val_split
+from opl_rank.learners import LearnerConfig, fit, fit_seeds, learning_methods
+from opl_rank.ope import OPEResult, evaluate
+from opl_rank.opl_estimators import ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
+from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.plackett_luce import (
     PositionMarginals,
     all_rankings,
@@ -30,26 +40,61 @@ from opl_rank.plackett_luce import (
     sample_rankings,
     slot_log_probs,
 )
-from opl_rank import prng
-from opl_rank.learners import LearnerConfig, fit, fit_replicas
+from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.prng import make_key, split_seed
+from opl_rank.reward_models import RewardModel, fit_reward_model
+from opl_rank.select_k import KSelection, select_k
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # modules
+    "completion",
     "exposure_losses",
+    "k_selection",
     "learners",
     "ltr_estimators",
     "metrics",
+    "ope",
     "opl_estimators",
     "optimization",
+    "pairwise",
     "plackett_luce",
     "policies",
+    "prng",
     "reward_models",
+    "scorers",
+    # data
     "LoggedData",
     "dcg_position_weights",
     "minibatches",
     "train_val_split",
+    # estimators (one registry)
+    "ESTIMATORS",
+    "Estimator",
+    "ModelTerms",
+    "Propensities",
+    "Terms",
+    "register",
+    # learning and evaluation
+    "LearnerConfig",
+    "fit",
+    "fit_seeds",
+    "learning_methods",
+    "TrainConfig",
+    "minimize",
+    "RewardModel",
+    "fit_reward_model",
+    "OPEResult",
+    "evaluate",
+    "KSelection",
+    "select_k",
+    # policies
+    "RankingPolicy",
+    "PLPolicy",
+    "RegressionPolicy",
+    "TwoStagePolicy",
+    # Plackett-Luce
     "PositionMarginals",
     "all_rankings",
     "enumerate_position_marginals",
@@ -63,10 +108,7 @@ __all__ = [
     "prefix_log_probs",
     "sample_rankings",
     "slot_log_probs",
-    "prng",
-    "LearnerConfig",
-    "fit",
-    "fit_replicas",
+    # keys
     "make_key",
     "split_seed",
 ]

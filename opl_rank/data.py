@@ -274,8 +274,8 @@ def train_val_split(
     n_val = int(round(n * val_fraction))
     if n_val < 1 or n_val >= n:
         raise ValueError(f"val_fraction={val_fraction} of n={n} rows leaves an empty part")
-    perm = np.asarray(jax.random.permutation(key, n))
-    return data.take(np.sort(perm[n_val:])), data.take(np.sort(perm[:n_val]))
+    perm = jax.random.permutation(key, n)  # jnp throughout: traceable (fits vmapped over seeds)
+    return data.take(jnp.sort(perm[n_val:])), data.take(jnp.sort(perm[:n_val]))
 
 
 def minibatches(

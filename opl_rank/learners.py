@@ -1,13 +1,20 @@
 """Off-policy learners for ranking: ``fit(data, key, config) -> policy``.
 
-Methods (R-POD paper, NOTES section 1):
-  ips, iips, rips   a PL policy trained with the estimator of the same name;
-  dr                R-POD with k = L (top-k weights become ranking weights): IPS on
-                    R - f_hat plus the model term E_{a ~ pi}[f_hat];
-  regression        fit f_hat (Eq. 12), act by its argmax (Eq. 13); R-POD with k = 0;
-  rpod              fit f_hat, build the second stage (argmax completion, Eq. 13), train a
-                    PL first stage over the top k with Eq. 9.
-Every policy-gradient method runs through the one loop of :mod:`opl_rank.optimization`.
+Methods (R-POD paper, docs/maths.md §1):
+  <estimator>   any policy-gradient estimator of the registry
+                :data:`opl_rank.opl_estimators.ESTIMATORS` that does not take R-POD's k
+                (built in: ips, snips, dr, dm, iips, rips; and any a user registers): a PL
+                policy over all L slots trained with that estimator's terms;
+  regression    fit f_hat (Eq. 12), act by its argmax (Eq. 13); R-POD with k = 0;
+  rpod          fit f_hat, build the second stage (argmax completion, Eq. 13), train a
+                PL first stage over the top k with the ``topk`` terms (Eq. 9); k = L is dr.
+Estimators that need a reward model get f_hat at the logged rankings and a model term
+``E_{a ~ pi}[f_hat]`` with a low-variance gradient: marginalize-all for an additive f_hat
+over all L slots, sampled rankings with leave-one-out baselines otherwise.
+
+:func:`fit` is one seed; the fitting itself (:func:`fit_arrays`) is a pure function of
+arrays, and :func:`fit_seeds` ``jax.vmap``s it over the seeds of data sets that share shapes.
+Every fit runs through the one loop of :mod:`opl_rank.optimization`.
 
 Numerical guard: importance weights are clipped at ``max_log_weight = 50`` in log space by
 default (e^50 ~ 5e21, far beyond any informative weight) so that extreme logging
@@ -18,101 +25,38 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from opl_rank import opl_estimators as oe
-from opl_rank import plackett_luce as pl
+from opl_rank import opl_estimators
 from opl_rank.data import LoggedData, train_val_split
-from opl_rank.optimization import TrainConfig, minimize, minimize_replicas
-from opl_rank.policies import make_scorer
-from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, fit_reward_model, fit_reward_model_replicas
+from opl_rank.opl_estimators import ModelTerms, estimate
+from opl_rank.optimization import TrainConfig, TrainResult, check_finite, train_jit
+from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, reward_module, train_reward_params
+from opl_rank.scorers import make_scorer
 
-__all__ = [
-    "METHODS",
-    "LearnerConfig",
-    "RankingPolicy",
-    "PLPolicy",
-    "RegressionPolicy",
-    "TwoStagePolicy",
-    "fit",
-    "fit_replicas",
-]
+__all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "fit", "fit_seeds", "fit_arrays"]
 
-METHODS = ("ips", "dr", "iips", "rips", "regression", "rpod")
+MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
 
 
-class RankingPolicy(Protocol):
-    """What every learned policy offers."""
-
-    n_slots: int
-
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        """``[n, dx] -> [n, L]`` int32 rankings."""
-
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        """``[n, dx], [n, L] -> [n]`` log pi(a | x) (``-inf`` off a deterministic policy's support)."""
+def learning_methods() -> tuple[str, ...]:
+    """Every method ``fit`` accepts now: the registry's estimators without k, then ``MODEL_METHODS``."""
+    names = [name for name, e in opl_estimators.ESTIMATORS.items() if not e.uses_k]
+    return tuple(names) + MODEL_METHODS
 
 
-@dataclasses.dataclass(frozen=True)
-class PLPolicy:
-    """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, see :mod:`opl_rank.policies`)."""
-
-    module: Any
-    params: Any
-    n_slots: int
-
-    def logits(self, context: jax.Array) -> jax.Array:
-        """``[n, dx] -> [n, D]``."""
-        return self.module.apply(self.params, context)
-
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        return pl.sample_rankings(key, self.logits(context), self.n_slots)
-
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots])[..., -1]
+def needs_reward_model(method: str) -> bool:
+    """Whether ``method`` fits an f_hat."""
+    return method in MODEL_METHODS or opl_estimators.get(method).needs_reward_model
 
 
-@dataclasses.dataclass(frozen=True)
-class RegressionPolicy:
-    """Deterministic: the argmax of f_hat (Eq. 13 from an empty prefix)."""
-
-    reward_model: RewardModel
-
-    @property
-    def n_slots(self) -> int:
-        return self.reward_model.n_slots
-
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
-        return self.reward_model.complete(context, empty)
-
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        same = jnp.all(self.sample(None, context) == rankings, axis=-1)
-        return jnp.where(same, 0.0, -jnp.inf)
-
-
-@dataclasses.dataclass(frozen=True)
-class TwoStagePolicy:
-    """R-POD's policy: PL over the top k, then the f_hat-argmax completion."""
-
-    first_stage: PLPolicy  # n_slots = k
-    reward_model: RewardModel
-
-    @property
-    def n_slots(self) -> int:
-        return self.reward_model.n_slots
-
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        return self.reward_model.complete(context, self.first_stage.sample(key, context))
-
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        k = self.first_stage.n_slots
-        completed = self.reward_model.complete(context, rankings[..., :k])
-        same = jnp.all(completed == rankings, axis=-1)
-        return jnp.where(same, self.first_stage.log_prob(context, rankings), -jnp.inf)
+def needs_position_marginals(method: str) -> bool:
+    """Whether ``method`` reads the logged position marginals."""
+    return method not in MODEL_METHODS and opl_estimators.get(method).needs_position_marginals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,17 +64,18 @@ class LearnerConfig:
     """What to learn and how.
 
     Attributes:
-      method: one of ``METHODS``.
+      method: one of :func:`learning_methods` (a registered estimator, ``regression``, ``rpod``).
       k: R-POD's top-k length in ``[0, L]`` (``rpod`` only).
-      reward_model: f_hat's kind (dr, regression, rpod): ``"additive"``, ``"pairwise"``, or
-        their Appendix-A two-step forms ``"additive-two-step"``, ``"pairwise-two-step"``
-        (fitted for the learner's k; they need rounds that share a context).
+      reward_model: f_hat's kind (methods with a reward model): ``"additive"``,
+        ``"pairwise"``, or their Appendix-A two-step forms ``"additive-two-step"``,
+        ``"pairwise-two-step"`` (fitted for the learner's k; they need rounds that share a
+        context).
       policy_hidden: hidden sizes of the policy's scorer (``()``: linear logits).
       reward_hidden: hidden sizes of f_hat's item head.
       item_feature_dim: ``F`` when the context packs the D candidates' features
         (LETOR-style environments, ``context[:, :D*F]``): the policy and f_hat's item head
         are then one MLP shared by every item. None: a per-item head on the context.
-      n_samples: sampled rankings per round for the model terms of dr/rpod.
+      n_samples: sampled rankings per round for the model terms.
       max_log_weight: clip on log importance weights (see the module docstring).
       train: optimisation of the policy.
       reward_train: optimisation of f_hat.
@@ -150,8 +95,9 @@ class LearnerConfig:
     valid_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        methods = learning_methods()
+        if self.method not in methods:
+            raise ValueError(f"method must be one of {methods}, got {self.method!r}")
         if self.method == "rpod" and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0):
             raise ValueError(f"rpod needs k, an int in [0, L], got {self.k!r}")
         if self.method != "rpod" and self.k is not None:
@@ -167,44 +113,121 @@ class LearnerConfig:
         if not self.max_log_weight > 0:
             raise ValueError(f"max_log_weight must be > 0, got {self.max_log_weight}")
 
+    def reward_model_options(self) -> dict[str, Any]:
+        """The f_hat settings, as keyword arguments of ``fit_reward_model``."""
+        return dict(kind=self.reward_model, hidden=self.reward_hidden, config=self.reward_train,
+                    item_feature_dim=self.item_feature_dim)
 
-def reward_model_options(config: LearnerConfig) -> dict[str, Any]:
-    """The f_hat settings of a learner config, as keyword arguments of ``fit_reward_model``."""
-    return dict(kind=config.reward_model, hidden=config.reward_hidden, config=config.reward_train,
-                item_feature_dim=config.item_feature_dim)
+
+class _Plan(NamedTuple):
+    """What one fit builds, fixed by the config and the data's shapes (hashable)."""
+
+    config: LearnerConfig
+    estimator: str | None  # None: regression (no policy training)
+    k: int  # slots of the trained first stage (L unless rpod)
+    n_slots: int
+    reward_module: Any  # None without f_hat
+    policy_module: Any
+
+
+def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
+    n_slots = data.ranking_length
+    k = {"rpod": config.k, "regression": 0}.get(config.method, n_slots)
+    if k > n_slots:
+        raise ValueError(f"k={k} must be in [0, L={n_slots}]")
+    if needs_position_marginals(config.method) and data.log_pi0_position_marginal is None:
+        raise ValueError(f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
+    module = None
+    if needs_reward_model(config.method):
+        module = reward_module(data, config.reward_model, config.reward_hidden, "sum", config.item_feature_dim, k)
+    estimator = None if k == 0 else ("topk" if config.method == "rpod" else config.method)
+    policy_module = make_scorer(data.n_items, config.policy_hidden, config.item_feature_dim)
+    return _Plan(config, estimator, k, n_slots, module, policy_module)
 
 
 @functools.lru_cache(maxsize=128)
-def _surrogate(config: LearnerConfig, module: Any, reward_spec: tuple | None, k: int) -> Callable:
-    """``(params, batch, key, reward_params) -> scalar`` loss: minus the mean per-round terms.
+def _surrogate(plan: _Plan) -> Callable:
+    """``(params, batch, key, reward_params) -> scalar``: minus the estimate.
 
-    One function object per (config, shapes): refits with other data, seeds or reward-model
-    parameters reuse the compiled training epoch.
+    One function object per plan: refits with other data, seeds or reward-model
+    parameters reuse the compiled training run.
     """
-    clip = config.max_log_weight
+    config, k = plan.config, plan.k
+    entry = opl_estimators.get(plan.estimator)
 
-    def terms(params, batch: LoggedData, key, reward_params):
-        logits = module.apply(params, batch.context)
-        args = (logits, batch.ranking, batch.reward)
-        if config.method == "ips":
-            return oe.ips_terms(*args, batch.log_pi0_prefix, batch.position_weight, max_log_weight=clip)
-        if config.method == "rips":
-            return oe.rips_terms(*args, batch.log_pi0_prefix, batch.position_weight, max_log_weight=clip)
-        if config.method == "iips":
-            return oe.iips_terms(*args, batch.log_pi0_position_marginal, batch.position_weight, max_log_weight=clip)
-        # dr (k = L) and rpod
-        kind, reward_module, max_enumerated, beam_width = reward_spec
-        reward_model = RewardModel(kind, reward_module, reward_params, batch.position_weight, max_enumerated, beam_width)
-        f_logged = reward_model.predict(batch.context, batch.ranking)
-        n_slots = batch.ranking.shape[-1]
-        if k == n_slots and kind == "additive":
-            model = oe.additive_model_value(logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples)
-        else:
-            value_fn = lambda prefixes: reward_model.predict(batch.context, reward_model.complete(batch.context, prefixes))
-            model = oe.ranking_model_value(logits, value_fn, k, key, config.n_samples)
-        return oe.rpod_terms(*args, batch.log_pi0_prefix, batch.position_weight, k, f_logged, model, max_log_weight=clip)
+    def loss(params, batch: LoggedData, key, reward_params):
+        policy = PLPolicy(plan.policy_module, params, k)
+        target = policy.propensities(batch, slot_marginals=entry.needs_position_marginals)
+        model = None
+        if entry.needs_reward_model:
+            reward_model = _reward_model(plan, reward_params, batch.position_weight)
+            logits = policy.logits(batch.context)
+            if k == plan.n_slots and reward_model.kind == "additive":
+                policy_value = opl_estimators.additive_model_value(
+                    logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples)
+            else:
+                value_fn = lambda prefixes: reward_model.predict(batch.context, reward_model.complete(batch.context, prefixes))
+                policy_value = opl_estimators.ranking_model_value(logits, value_fn, k, key, config.n_samples)
+            model = ModelTerms(reward_model.predict(batch.context, batch.ranking), policy_value)
+        terms = entry.terms(target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight)
+        return -estimate(terms)
 
-    return lambda params, batch, key, reward_params: -jnp.mean(terms(params, batch, key, reward_params))
+    return loss
+
+
+def _reward_model(plan: _Plan, params: Any, position_weight: jax.Array) -> RewardModel:
+    return RewardModel(plan.config.reward_model, plan.reward_module, params, position_weight)
+
+
+def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any = None) -> dict[str, TrainResult | None]:
+    """The fit as a pure function of arrays (jit-able; ``jax.vmap`` over seeds).
+
+    Args:
+      plan: what to fit (from the config and the data's shapes).
+      data: logged rounds.
+      key: PRNG key.
+      reward_params: an f_hat fitted elsewhere (two-step kinds); None fits it here.
+
+    Returns:
+      ``{"reward": TrainResult or None, "policy": TrainResult or None}`` with history arrays.
+    """
+    config = plan.config
+    k_split, k_reward, k_init, k_fit = jax.random.split(key, 4)
+    valid = None
+    if config.valid_fraction > 0:
+        data, valid = train_val_split(data, k_split, config.valid_fraction)
+    out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
+    if plan.reward_module is not None and reward_params is None:
+        out["reward"] = train_reward_params(plan.reward_module, "sum", data, k_reward, config.reward_train)
+        reward_params = out["reward"].params
+    elif reward_params is not None:
+        out["reward"] = TrainResult(reward_params, None)
+    if plan.estimator is not None:
+        train = config.train
+        out["policy"] = train_jit(
+            _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, data.context[:1]), data, k_fit,
+            epochs=train.epochs, batch_size=train.batch_size, aux=reward_params, valid=valid,
+            patience=train.patience if valid is not None else None,
+        )
+    return out
+
+
+def _policy(plan: _Plan, fitted: dict[str, Any], position_weight: jax.Array) -> RankingPolicy:
+    method = plan.config.method
+    for part in ("reward", "policy"):
+        if fitted[part] is not None and fitted[part].history is not None:
+            check_finite(fitted[part].history, f"{method}: {part} model")
+    reward_model = None if fitted["reward"] is None else _reward_model(plan, fitted["reward"].params, position_weight)
+    if plan.estimator is None:
+        return RegressionPolicy(reward_model)
+    first = PLPolicy(plan.policy_module, fitted["policy"].params, plan.k)
+    if method != "rpod" or plan.k == plan.n_slots:
+        return first
+    return TwoStagePolicy(first, reward_model)
+
+
+def _two_step(plan: _Plan) -> bool:
+    return plan.reward_module is not None and plan.config.reward_model.endswith("-two-step")
 
 
 def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolicy:
@@ -216,19 +239,27 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
       config: :class:`LearnerConfig`.
 
     Returns:
-      A :class:`PLPolicy` (ips, iips, rips, dr), :class:`RegressionPolicy` (regression,
-      rpod with k = 0) or :class:`TwoStagePolicy` (rpod with 0 < k < L; k = L gives the
-      DR policy, a :class:`PLPolicy`).
+      A :class:`~opl_rank.policies.PLPolicy` (estimator methods, rpod with k = L),
+      :class:`~opl_rank.policies.RegressionPolicy` (regression, rpod with k = 0) or
+      :class:`~opl_rank.policies.TwoStagePolicy` (rpod with 0 < k < L).
     """
-    return _fit([data], key, config, replicated=False)[0]
+    plan = _plan(data, config)
+    reward_params = None
+    if _two_step(plan):  # Appendix A pairs are found on the host: f_hat is fitted outside
+        from opl_rank.reward_models import fit_reward_model
+
+        k_split, k_reward, _, _ = jax.random.split(key, 4)
+        part = data if config.valid_fraction == 0 else train_val_split(data, k_split, config.valid_fraction)[0]
+        reward_params = fit_reward_model(part, k_reward, **config.reward_model_options(), two_step_k=plan.k).params
+    return _policy(plan, fit_arrays(plan, data, key, reward_params), data.position_weight)
 
 
-def fit_replicas(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> list[RankingPolicy]:
-    """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), vmapped.
+def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> list[RankingPolicy]:
+    """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), as one
+    ``jax.vmap`` of :func:`fit_arrays` (what an accelerator wants).
 
-    Every reward model and policy of the ``S`` fits trains in one vmapped loop. Policy
-    ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding (~1e-5 in the
-    parameters). With ``config.valid_fraction > 0`` (early stopping) the fits run one by one.
+    Policy ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding. Two-step
+    reward models (pair sets found on the host) fit one by one.
 
     Args:
       datas: ``S`` logged data sets of equal shapes (``n``, ``L``, ``D``, optional fields).
@@ -240,52 +271,26 @@ def fit_replicas(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerCo
     """
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
-    if config.valid_fraction > 0:
+    plan = _plan(datas[0], config)
+    if _two_step(plan):
         return [fit(d, k, config) for d, k in zip(datas, keys)]
-    return _fit(datas, keys, config, replicated=True)
+    leaves, treedef = stack_data(datas)
+    # Rebuilt inside the vmap (from tracers: LoggedData validates concrete data only).
+    fitted = jax.vmap(lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key))(leaves, keys)
+    return [_policy(plan, jax.tree.map(lambda x: x[s], fitted), d.position_weight) for s, d in enumerate(datas)]
 
 
-def _fit(datas: Sequence[LoggedData], key: jax.Array, config: LearnerConfig, replicated: bool) -> list[RankingPolicy]:
-    """The steps of :func:`fit`; ``replicated``: ``key`` is ``[S]`` and every step is vmapped."""
-    data = datas[0]
-    n_slots = data.ranking_length
-    k = {"dr": n_slots, "rpod": config.k, "regression": 0}.get(config.method, n_slots)
-    if k > n_slots:
-        raise ValueError(f"k={k} must be in [0, L={n_slots}]")
-    if config.method == "iips" and data.log_pi0_position_marginal is None:
-        raise ValueError("iips needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
-    keys = jax.vmap(lambda k: jax.random.split(k, 4))(key) if replicated else jax.random.split(key, 4)[None]
-    k_split, k_reward, k_init, k_fit = (keys[:, i] for i in range(4))
-    valid = None
-    if config.valid_fraction > 0:  # single fits only (fit_replicas loops)
-        data, valid = train_val_split(data, k_split[0], config.valid_fraction)
-        datas = [data]
-    reward_models: list[RewardModel | None] = [None] * len(datas)
-    if config.method in ("dr", "regression", "rpod"):
-        options = dict(reward_model_options(config), two_step_k=k)
-        if replicated:
-            reward_models = fit_reward_model_replicas(datas, k_reward, **options)
-        else:
-            reward_models = [fit_reward_model(data, k_reward[0], **options)]
-        if k == 0:
-            return [RegressionPolicy(model) for model in reward_models]
-    module = make_scorer(data.n_items, config.policy_hidden, config.item_feature_dim)
-    reward_model = reward_models[0]
-    reward_spec = None
-    if reward_model is not None:
-        reward_spec = (reward_model.kind, reward_model.module, reward_model.max_enumerated, reward_model.beam_width)
-    loss = _surrogate(config, module, reward_spec, k)
-    if replicated:
-        params = jax.vmap(module.init)(k_init, jnp.stack([d.context[:1] for d in datas]))
-        aux = None if reward_model is None else jax.tree.map(lambda *x: jnp.stack(x), *[m.params for m in reward_models])
-        params = minimize_replicas(loss, params, datas, k_fit, config.train, aux=aux).params
-        replica_params = [jax.tree.map(lambda x: x[s], params) for s in range(len(datas))]
-    else:
-        params = module.init(k_init[0], data.context[:1])
-        aux = None if reward_model is None else reward_model.params
-        replica_params = [minimize(loss, params, data, k_fit[0], config.train, aux=aux, valid=valid).params]
-    policies: list[RankingPolicy] = []
-    for params, model in zip(replica_params, reward_models):
-        first = PLPolicy(module, params, k)
-        policies.append(first if config.method == "dr" or k == n_slots or model is None else TwoStagePolicy(first, model))
-    return policies
+def stack_data(datas: Sequence[LoggedData]) -> tuple[list[jax.Array], Any]:
+    """``S`` data sets of equal shapes as their leaves with a leading seed axis ``[S, ...]``
+    and the common treedef (a ValueError names the first mismatch)."""
+    if not datas:
+        raise ValueError("datas must not be empty")
+    flat = [jax.tree.flatten(d) for d in datas]
+    for i, (leaves, treedef) in enumerate(flat[1:], start=1):
+        shapes = [x.shape for x in leaves]
+        if treedef != flat[0][1] or shapes != [x.shape for x in flat[0][0]]:
+            raise ValueError(
+                f"datas[{i}] does not share datas[0]'s shapes and fields (n, L, D, optional fields): "
+                f"{shapes} vs {[x.shape for x in flat[0][0]]}"
+            )
+    return [jnp.stack(parts) for parts in zip(*(leaves for leaves, _ in flat))], flat[0][1]

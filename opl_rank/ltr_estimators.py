@@ -55,8 +55,8 @@ sg = jax.lax.stop_gradient
 
 
 def magic_box(value: jax.Array, surrogate: jax.Array) -> jax.Array:
-    """Value of ``value``, gradient of ``surrogate`` (``sg(v) + s - sg(s)``)."""
-    return sg(value) + surrogate - sg(surrogate)
+    """Value of ``value`` (exactly), gradient of ``surrogate``: ``sg(v) + (s - sg(s))``."""
+    return sg(value) + (surrogate - sg(surrogate))
 
 
 def leave_one_out_mean(x: jax.Array) -> jax.Array:

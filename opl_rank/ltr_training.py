@@ -2,9 +2,10 @@
 
 A pointwise MLP scores documents; a Plackett-Luce policy over those scores is trained with
 any estimator of :mod:`opl_rank.ltr_estimators` and, for the exposure estimators, any loss
-of :mod:`opl_rank.exposure_losses`. One jit-compiled step (fixed batch shape: compiled
-once); NDCG@K of the deterministic ranking (sort by score) and the estimated loss on
-held-out queries are recorded every epoch.
+of :mod:`opl_rank.exposure_losses`, in the one training loop of
+:mod:`opl_rank.optimization` (compiled once per config and data shapes). NDCG@K of the
+deterministic ranking (sort by score) and the estimated loss on held-out queries are
+recorded every epoch.
 
 Relevance used by the estimators: ``rho_d = (2^label_d - 1) / IDCG@K`` per query, so the
 relevance utility is the policy's expected NDCG@K (0 for queries without relevant docs).
@@ -13,16 +14,16 @@ relevance utility is the policy's expected NDCG@K (0 for queries without relevan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from opl_rank import exposure_losses, ltr_estimators, metrics
-from opl_rank.policies import MLPScorer
+from opl_rank.optimization import TrainConfig, minimize
+from opl_rank.scorers import MLPScorer
 
 __all__ = ["LTRConfig", "LTRResult", "RankingQueries", "ideal_normalized_gains", "train_ltr", "LOSSES"]
 
@@ -115,8 +116,10 @@ def ideal_normalized_gains(labels: jax.Array, mask: jax.Array, cutoff: int) -> j
     return jnp.where((ideal > 0)[..., None], gains / safe[..., None], 0.0)
 
 
-def _objective(config: LTRConfig, theta: jax.Array) -> Callable[..., jax.Array]:
+@functools.lru_cache(maxsize=64)
+def _objective(config: LTRConfig) -> Callable[..., jax.Array]:
     """``(logits, rho, mask, key) -> [Q]`` per-query loss whose gradient is the estimator's."""
+    theta = metrics.dcg_weights(config.cutoff)
     if config.estimator in _EXPOSURE_ESTIMATORS:
         corrected = _EXPOSURE_ESTIMATORS[config.estimator]
         loss_fn = LOSSES[config.loss]
@@ -137,6 +140,27 @@ def _objective(config: LTRConfig, theta: jax.Array) -> Callable[..., jax.Array]:
     return objective
 
 
+@functools.lru_cache(maxsize=64)
+def _losses(config: LTRConfig) -> tuple[Callable, Callable]:
+    """The batch loss and the per-epoch validation metrics: one function object per config,
+    so every call of :func:`train_ltr` with this config reuses one compilation."""
+    model = MLPScorer(hidden=tuple(config.hidden))
+    objective = _objective(config)
+
+    def masked_logits(params, features, mask):
+        return jnp.where(mask, model.apply(params, features), -jnp.inf)
+
+    def batch_loss(params, batch, key, aux):
+        logits = masked_logits(params, batch["features"], batch["mask"])
+        return jnp.mean(objective(logits, batch["rho"], batch["mask"], key))
+
+    def valid_metrics(params, valid, key):
+        logits = masked_logits(params, valid["features"], valid["mask"])
+        return {f"valid_ndcg@{config.cutoff}": jnp.mean(metrics.ndcg_at_k(logits, valid["labels"], config.cutoff, where=valid["mask"]))}
+
+    return batch_loss, valid_metrics
+
+
 def train_ltr(
     train: Any,
     valid: Any,
@@ -147,16 +171,19 @@ def train_ltr(
 ) -> LTRResult:
     """Train an MLP-scored PL ranker on full-information relevance labels.
 
+    Runs the one training loop (:func:`opl_rank.optimization.minimize`) with Adamax.
+
     Args:
       train: training queries (``features [Q, D, F]``, ``labels [Q, D]``, ``mask [Q, D]``).
       valid: held-out queries, same ``F``.
       config: :class:`LTRConfig`.
       key: PRNG key (initialisation, shuffling, sampling).
-      progress: called with each epoch's record.
+      progress: called with each epoch's record as training goes.
 
     Returns:
-      :class:`LTRResult`; history records hold ``epoch``, ``seconds`` (training time of the
-      epoch), ``train_loss`` and ``valid_ndcg@K`` and ``valid_loss``.
+      :class:`LTRResult`; history records hold ``epoch``, ``seconds`` (wall time since the
+      previous record; the first includes compilation), ``train_loss``, ``valid_ndcg@K``
+      and ``valid_loss``.
     """
     train = RankingQueries(*(jnp.asarray(a) for a in (train.features, train.labels, train.mask)))
     valid = RankingQueries(*(jnp.asarray(a) for a in (valid.features, valid.labels, valid.mask)))
@@ -165,61 +192,25 @@ def train_ltr(
         raise ValueError(f"valid has {valid.features.shape[2]} features, train {train.features.shape[2]}")
     if config.cutoff > min(n_docs, valid.features.shape[1]):
         raise ValueError(f"cutoff K={config.cutoff} exceeds the padded query size {min(n_docs, valid.features.shape[1])}")
-    theta = metrics.dcg_weights(config.cutoff)
-    model = MLPScorer(hidden=tuple(config.hidden))
-    optimizer = optax.adamax(config.learning_rate)
-    objective = _objective(config, theta)
-    rho_train = ideal_normalized_gains(train.labels, train.mask, config.cutoff)
-    rho_valid = ideal_normalized_gains(valid.labels, valid.mask, config.cutoff)
-
-    def masked_logits(params, features, mask):
-        return jnp.where(mask, model.apply(params, features), -jnp.inf)
-
-    def batch_loss(params, features, rho, mask, key):
-        return jnp.mean(objective(masked_logits(params, features, mask), rho, mask, key))
-
-    @jax.jit
-    def step(params, opt_state, features, rho, mask, key):
-        loss, grads = jax.value_and_grad(batch_loss)(params, features, rho, mask, key)
-        # optax's bias correction mixes Python floats and int32 counts: not valid under
-        # jax_numpy_dtype_promotion="strict", which users (and our tests) may set.
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    @jax.jit
-    def evaluate(params, key):
-        logits = masked_logits(params, valid.features, valid.mask)
-        ndcg = metrics.ndcg_at_k(logits, valid.labels, config.cutoff, where=valid.mask)
-        return jnp.mean(ndcg), jnp.mean(objective(logits, rho_valid, valid.mask, key))
-
+    batch_loss, valid_metrics = _losses(config)
+    rows = {"features": train.features, "rho": ideal_normalized_gains(train.labels, train.mask, config.cutoff),
+            "mask": train.mask}
+    held_out = {"features": valid.features, "rho": ideal_normalized_gains(valid.labels, valid.mask, config.cutoff),
+                "mask": valid.mask, "labels": valid.labels}
     key, k_init = jax.random.split(key)
-    params = model.init(k_init, train.features[:1])
-    opt_state = optimizer.init(params)
-    n_train = train.features.shape[0]
-    batch = min(config.batch_queries, n_train)
-    history: list[dict[str, float]] = []
-    for epoch in range(1, config.epochs + 1):
-        key, k_perm, k_eval = jax.random.split(key, 3)
-        order = np.asarray(jax.random.permutation(k_perm, n_train))
-        start_time = time.perf_counter()
-        losses = []
-        for start in range(0, n_train - batch + 1, batch):  # fixed batch shape: one compile
-            idx = order[start : start + batch]
-            key, k_step = jax.random.split(key)
-            params, opt_state, loss = step(params, opt_state, train.features[idx], rho_train[idx], train.mask[idx], k_step)
-            losses.append(loss)
-        train_loss = float(jnp.mean(jnp.stack(losses)))
-        seconds = time.perf_counter() - start_time
-        ndcg, valid_loss = evaluate(params, k_eval)
-        record = {
-            "epoch": epoch,
-            "seconds": seconds,
-            "train_loss": train_loss,
-            f"valid_ndcg@{config.cutoff}": float(ndcg),
-            "valid_loss": float(valid_loss),
-        }
-        history.append(record)
+    params = MLPScorer(hidden=tuple(config.hidden)).init(k_init, train.features[:1])
+    times = [time.perf_counter()]
+
+    def on_epoch(epoch: int, record: dict[str, float]) -> None:
+        times.append(time.perf_counter())
         if progress is not None:
-            progress(record)
-    return LTRResult(params, history)
+            progress({"epoch": epoch, "seconds": times[-1] - times[-2], **record})
+
+    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_queries, learning_rate=config.learning_rate,
+                               optimizer="adamax")
+    result = minimize(batch_loss, params, rows, key, train_config, valid=held_out, metrics_fn=valid_metrics,
+                      on_epoch=on_epoch, name=f"LTR ({config.estimator})")
+    history = [{"epoch": r["epoch"], "seconds": times[i + 1] - times[i], "train_loss": r["train_loss"],
+                f"valid_ndcg@{config.cutoff}": r[f"valid_ndcg@{config.cutoff}"], "valid_loss": r["valid_loss"]}
+               for i, r in enumerate(result.history)]
+    return LTRResult(result.params, history)

@@ -1,116 +1,306 @@
-"""Off-policy policy-gradient estimators for ranking (R-POD paper, NOTES section 1).
+"""Off-policy estimators for rankings, and the one registry that OPE and the learners read.
 
-Each ``*_terms`` function returns per-round terms ``[n]`` in "magic box" form: their values
-are the per-round off-policy value estimates (their mean is the OPE estimate) and the
-gradient of their mean with respect to ``logits`` is the estimator's policy gradient.
-Logged inputs come from :class:`opl_rank.data.LoggedData`; ``logits [n, D]`` are the target
-(or R-POD first-stage) PL policy's logits at the logged contexts.
+Every estimator is a per-round ``terms`` function shaped like a rax loss::
 
-  ips_terms    ranking-level weights w = pi(a|x)/pi_0(a|x)
-  dr_terms     IPS on R - f_hat(x, a) plus the model term E_{a ~ pi}[f_hat(x, a)]
-  iips_terms   position-marginal weights P_pi(a_l at l)/P_0(a_l at l) (independence)
-  rips_terms   prefix weights pi(a_{1:l})/pi_0(a_{1:l}) (cascade)
-  rpod_terms   R-POD(k), Eq. 9: top-k weights on R - f_hat, plus the second-stage model term
+    terms(target, batch, *, model=None, k=None, max_log_weight=inf) -> Terms
 
-Model terms ("E_{a ~ pi}[f_hat]" whose gradient is the model-based part) are built with the
-exposure paper's estimators: :func:`additive_model_value` (marginalize-all, for
-f_hat = sum_l alpha_l g(x, a_l)) or :func:`ranking_model_value` (sampled rankings with
-leave-one-out baselines, for any f_hat). Importance weights can be clipped at
-``max_log_weight`` in log space; clipped weights still multiply the score function.
+``target`` (:class:`Propensities`) holds the target policy's log-propensities of the
+logged rankings -- the policy computes them (:mod:`opl_rank.policies`); ``batch`` is a
+:class:`~opl_rank.data.LoggedData`; ``model`` (:class:`ModelTerms`) holds f_hat at the
+logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` for estimators that need a reward model.
+The returned :attr:`Terms.value` ``[n]`` are in "magic box" form: their values are the
+per-round estimates (the estimate is their mean, or ``sum(value) / sum(normalizer)`` for a
+self-normalised estimator) and, when ``target`` depends on a policy's parameters, the
+gradient of that estimate is the estimator's policy gradient (docs/maths.md §2).
+
+Registered estimators (``R = sum_l alpha_l r_l``, ``w = pi(a | x) / pi_0(a | x)``):
+
+  dm      E_{a ~ pi}[f_hat(x, a)]                           (reward model)
+  ips     w R
+  snips   w R / mean(w)                                     (self-normalised)
+  dr      w (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]     (reward model)
+  iips    sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)  (position marginals)
+  rips    sum_l alpha_l r_l pi(a_{1:l}) / pi_0(a_{1:l})
+  topk    w_k (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)],  w_k = pi(a_{1:k}) / pi_0(a_{1:k})
+          -- R-POD's decomposition (Eq. 9): k = L is dr, k = 0 is dm plus the logged residual.
+
+Add one with :func:`register`; the learners (:func:`opl_rank.learners.fit`), OPE
+(:func:`opl_rank.ope.evaluate`), ``select_k`` and the sweep all find it by name.
+
+Importance weights are formed in log space and clipped at ``max_log_weight`` before the
+exponential; clipped weights still multiply the score function.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from opl_rank import ltr_estimators
+from opl_rank.data import LoggedData
 from opl_rank.ltr_estimators import magic_box
-from opl_rank import plackett_luce as pl
 
 __all__ = [
+    "Propensities",
+    "ModelTerms",
+    "Terms",
+    "Estimator",
+    "ESTIMATORS",
+    "register",
+    "get",
+    "estimate",
+    "importance_weight",
+    "weighted_reward",
+    "dm_terms",
     "ips_terms",
+    "snips_terms",
     "dr_terms",
     "iips_terms",
     "rips_terms",
-    "rpod_terms",
+    "topk_terms",
     "additive_model_value",
     "ranking_model_value",
-    "weighted_reward",
 ]
 
 sg = jax.lax.stop_gradient
 
 
+class Propensities(NamedTuple):
+    """A target policy's log-propensities of the logged rankings.
+
+    Attributes:
+      log_prefix: ``[n, K]`` ``log pi(a_{1:l} | x)`` for ``l = 1..K`` (``K = L`` for a full
+        policy, ``k`` for an R-POD first stage; ``-inf`` off a deterministic support).
+      log_slot: optional ``[n, L]`` ``log P_pi(a_l at slot l | x)`` (IIPS).
+    """
+
+    log_prefix: jax.Array
+    log_slot: jax.Array | None = None
+
+
+class ModelTerms(NamedTuple):
+    """A reward model's values for the estimators that need one.
+
+    Attributes:
+      logged: ``[n]`` ``f_hat(x_i, a_i)`` at the logged rankings.
+      policy: ``[n]`` ``E_{a ~ pi}[f_hat(x_i, a)]`` (a magic box whose gradient is the model
+        part of the policy gradient when learning; a plain mean in OPE).
+    """
+
+    logged: jax.Array
+    policy: jax.Array
+
+
+class Terms(NamedTuple):
+    """Per-round terms of one estimator.
+
+    Attributes:
+      value: ``[n]`` per-round values (magic box).
+      weight: ``[n]`` or ``[n, L]`` importance weights, for diagnostics (ESS, largest weight).
+      normalizer: optional ``[n]``: the estimate is ``sum(value) / sum(normalizer)``.
+    """
+
+    value: jax.Array
+    weight: jax.Array
+    normalizer: jax.Array | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    """A registry entry.
+
+    Attributes:
+      terms: ``(target, batch, *, model, k, max_log_weight) -> Terms``.
+      needs_reward_model: reads ``model`` (dm, dr, topk).
+      needs_position_marginals: reads ``target.log_slot`` and the logged
+        ``log_pi0_position_marginal`` (iips).
+      uses_k: reads R-POD's ``k`` (topk).
+    """
+
+    terms: Callable[..., Terms]
+    needs_reward_model: bool = False
+    needs_position_marginals: bool = False
+    uses_k: bool = False
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register(name: str, estimator: Estimator, *, replace: bool = False) -> Estimator:
+    """Add ``estimator`` under ``name`` (an error if taken, unless ``replace``)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"estimator name must be a non-empty string, got {name!r}")
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"estimator must be an opl_estimators.Estimator, got {type(estimator).__name__}")
+    if name in ESTIMATORS and not replace and ESTIMATORS[name] != estimator:
+        raise ValueError(f"estimator {name!r} is already registered")
+    ESTIMATORS[name] = estimator
+    return estimator
+
+
+def get(name: str) -> Estimator:
+    """The registered estimator ``name`` (a ValueError lists the known names)."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; registered: {sorted(ESTIMATORS)}") from None
+
+
+def estimate(terms: Terms) -> jax.Array:
+    """The estimate from per-round terms: their mean, or the self-normalised ratio."""
+    if terms.normalizer is None:
+        return jnp.mean(terms.value)
+    return jnp.sum(terms.value) / jnp.sum(sg(terms.normalizer))
+
+
+# ---------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------
 def weighted_reward(reward: jax.Array, position_weight: jax.Array) -> jax.Array:
     """``R = sum_l alpha_l r_l``: ``[n, L], [L] -> [n]``."""
     return reward @ position_weight
 
 
-def _weight(log_pi: jax.Array, log_pi0: jax.Array, max_log_weight: float) -> jax.Array:
-    """``exp(min(log pi - log pi_0, max_log_weight))`` without gradient."""
+def importance_weight(log_pi: jax.Array, log_pi0: jax.Array, max_log_weight: float = jnp.inf) -> jax.Array:
+    """``exp(min(log pi - log pi_0, max_log_weight))`` without gradient: any shape."""
     return sg(jnp.exp(jnp.minimum(log_pi - log_pi0, max_log_weight)))
 
 
-def ips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, where=None, max_log_weight=jnp.inf):
-    """Per-round IPS: ``w(x, a) R``, gradient ``w R grad log pi(a | x)``.
+def _boxed(weight: jax.Array, value: jax.Array, log_pi: jax.Array) -> jax.Array:
+    """``weight * value`` with gradient ``weight * value * grad log_pi``.
+
+    Where the weight is 0 (a deterministic target off its support, ``log_pi = -inf``) the
+    score term is dropped instead of forming ``0 * -inf``.
+    """
+    safe_log_pi = jnp.where(weight > 0, log_pi, 0.0)
+    return magic_box(weight * value, weight * value * safe_log_pi)
+
+
+def _check_prefix(target: Propensities, batch: LoggedData, name: str) -> None:
+    if target.log_prefix.shape[-1] != batch.ranking.shape[-1]:
+        raise ValueError(
+            f"{name} needs the target's propensities of all L={batch.ranking.shape[-1]} slots, "
+            f"got log_prefix with {target.log_prefix.shape[-1]}"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# The estimators
+# ---------------------------------------------------------------------------------------
+def dm_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """Direct method: ``E_{a ~ pi}[f_hat(x, a)]`` per round (no importance weights)."""
+    return Terms(model.policy, jnp.ones_like(model.policy))
+
+
+def ips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """IPS: ``w R`` with ranking-level ``w``; gradient ``w R grad log pi(a | x)``.
 
     Args:
-      logits: ``[n, D]`` target policy logits.
-      ranking: int ``[n, L]`` logged rankings.
-      reward: ``[n, L]`` slot rewards.
-      log_pi0_prefix: ``[n, L]`` logging prefix log-propensities (the last is the ranking's).
-      position_weight: ``[L]`` alpha.
-      where: optional bool ``[n, D]`` mask.
+      target: :class:`Propensities` (``log_prefix [n, L]``).
+      batch: :class:`~opl_rank.data.LoggedData`.
+      model, k: unused.
       max_log_weight: clip on ``log w``.
 
     Returns:
-      ``[n]`` float32.
+      :class:`Terms` with ``value [n]`` and ``weight [n]``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from opl_rank.data import LoggedData
+      >>> batch = LoggedData(context=jnp.zeros((2, 1)), ranking=jnp.array([[0, 1], [1, 0]]),
+      ...                    reward=jnp.array([[1.0, 0.0], [0.0, 1.0]]),
+      ...                    log_pi0_prefix=jnp.log(jnp.array([[0.5, 0.25], [0.5, 0.25]])),
+      ...                    position_weight=jnp.array([1.0, 0.5]), n_items=2)
+      >>> target = Propensities(jnp.log(jnp.array([[1.0, 1.0], [0.01, 0.01]])))
+      >>> [round(float(v), 3) for v in ips_terms(target, batch).value]  # w = 4, 0.04
+      [4.0, 0.02]
     """
-    log_pi = pl.prefix_log_probs(logits, ranking, where=where)[..., -1]
-    w = _weight(log_pi, log_pi0_prefix[..., -1], max_log_weight)
-    r = weighted_reward(reward, position_weight)
-    return magic_box(w * r, w * r * log_pi)
+    _check_prefix(target, batch, "ips")
+    log_pi = target.log_prefix[..., -1]
+    w = importance_weight(log_pi, batch.log_pi0_prefix[..., -1], max_log_weight)
+    return Terms(_boxed(w, weighted_reward(batch.reward, batch.position_weight), log_pi), w)
 
 
-def rips_terms(logits, ranking, reward, log_pi0_prefix, position_weight, *, where=None, max_log_weight=jnp.inf):
-    """Per-round RIPS: ``sum_l alpha_l w_{1:l} r_l``, gradient with ``grad log pi(a_{1:l})``.
-
-    Args and Returns as :func:`ips_terms`.
-    """
-    log_pi = pl.prefix_log_probs(logits, ranking, where=where)  # [n, L]
-    w = _weight(log_pi, log_pi0_prefix, max_log_weight)
-    terms = w * reward * position_weight[None, :]
-    return magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_pi, axis=-1))
+def snips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """Self-normalised IPS: ``sum_i w_i R_i / sum_i w_i`` (``normalizer = w``)."""
+    terms = ips_terms(target, batch, max_log_weight=max_log_weight)
+    return terms._replace(normalizer=terms.weight)
 
 
-def iips_terms(logits, ranking, reward, log_pi0_position_marginal, position_weight, *, where=None, max_log_weight=jnp.inf):
-    """Per-round IIPS: ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
+def rips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """RIPS (cascade): ``sum_l alpha_l w_{1:l} r_l``, gradient with ``grad log pi(a_{1:l})``."""
+    _check_prefix(target, batch, "rips")
+    w = importance_weight(target.log_prefix, batch.log_pi0_prefix, max_log_weight)  # [n, L]
+    slot = _boxed(w, batch.reward * batch.position_weight[None, :], target.log_prefix)
+    return Terms(jnp.sum(slot, axis=-1), w)
 
-    The target policy's position marginals of the logged items are exact
-    (:func:`plackett_luce.exact_slot_marginals`, differentiable), so the gradient
+
+def iips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """IIPS (independence): ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
+
+    With a PL target the position marginals are exact and differentiable
+    (:func:`opl_rank.plackett_luce.exact_slot_marginals`), so the gradient
     ``sum_l alpha_l w_l r_l grad log P_pi(a_l at l)`` has no sampling noise.
+    """
+    if target.log_slot is None:
+        raise ValueError("iips needs the target's slot marginals (Propensities.log_slot)")
+    if batch.log_pi0_position_marginal is None:
+        raise ValueError("iips needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
+    w = importance_weight(target.log_slot, batch.log_pi0_position_marginal, max_log_weight)  # [n, L]
+    slot = _boxed(w, batch.reward * batch.position_weight[None, :], target.log_slot)
+    return Terms(jnp.sum(slot, axis=-1), w)
+
+
+def topk_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """R-POD(k) (Eq. 9): ``w(x, a_{1:k}) (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]``.
+
+    ``w(x, a_{1:k}) = pi(a_{1:k} | x) / pi_0(a_{1:k} | x)`` (1 at ``k = 0``, where the first
+    term has no gradient and R-POD reduces to regression). At ``k = L`` this is DR.
 
     Args:
-      logits: ``[n, D]``.
-      ranking: int ``[n, L]``.
-      reward: ``[n, L]``.
-      log_pi0_position_marginal: ``[n, L]`` ``log P_0(a_l = a_il | x)``.
-      position_weight: ``[L]``.
-      where: optional bool ``[n, D]`` mask.
-      max_log_weight: clip on ``log w_l``.
-
-    Returns:
-      ``[n]`` float32.
+      target: :class:`Propensities` with at least ``k`` prefix columns.
+      batch: :class:`~opl_rank.data.LoggedData`.
+      model: :class:`ModelTerms` (``policy`` is the second stage's value when learning).
+      k: Python int in ``[0, L]``.
+      max_log_weight: clip on ``log w``.
     """
-    marginal = pl.exact_slot_marginals(logits, ranking, where=where)  # P_pi(rank(a_l) = l)
-    log_marginal = jnp.log(jnp.maximum(marginal, 1e-30))
-    w = _weight(log_marginal, log_pi0_position_marginal, max_log_weight)
-    terms = w * reward * position_weight[None, :]
-    return magic_box(jnp.sum(terms, axis=-1), jnp.sum(terms * log_marginal, axis=-1))
+    n_slots = batch.ranking.shape[-1]
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= n_slots:
+        raise ValueError(f"k must be an int in [0, L={n_slots}], got {k!r}")
+    residual = weighted_reward(batch.reward, batch.position_weight) - sg(model.logged)
+    if k == 0:
+        return Terms(sg(residual) + model.policy, jnp.ones_like(residual))
+    if target.log_prefix.shape[-1] < k:
+        raise ValueError(f"topk with k={k} needs {k} prefix propensities, got {target.log_prefix.shape[-1]}")
+    log_pi = target.log_prefix[..., k - 1]
+    w = importance_weight(log_pi, batch.log_pi0_prefix[..., k - 1], max_log_weight)
+    return Terms(_boxed(w, residual, log_pi) + model.policy, w)
 
 
+def dr_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+    """DR: ``w (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]`` (``topk`` at ``k = L``)."""
+    _check_prefix(target, batch, "dr")
+    return topk_terms(target, batch, model=model, k=batch.ranking.shape[-1], max_log_weight=max_log_weight)
+
+
+for _name, _entry in {
+    "dm": Estimator(dm_terms, needs_reward_model=True),
+    "ips": Estimator(ips_terms),
+    "snips": Estimator(snips_terms),
+    "dr": Estimator(dr_terms, needs_reward_model=True),
+    "iips": Estimator(iips_terms, needs_position_marginals=True),
+    "rips": Estimator(rips_terms),
+    "topk": Estimator(topk_terms, needs_reward_model=True, uses_k=True),
+}.items():
+    register(_name, _entry)
+
+
+# ---------------------------------------------------------------------------------------
+# Model terms E_{a ~ pi}[f_hat] with low-variance gradients (exposure paper)
+# ---------------------------------------------------------------------------------------
 def additive_model_value(logits, item_value, position_weight, key, n_samples, *, where=None, baseline=True):
     """``E_{a ~ pi}[sum_l alpha_l g(x, a_l)]`` by marginalize-all (exposure paper Eq. 30).
 
@@ -142,51 +332,3 @@ def ranking_model_value(logits, value_fn, n_slots, key, n_samples, *, where=None
     return ltr_estimators.sampled_policy_gradient(
         logits, value_fn, n_slots, key, n_samples, where=where, baseline=baseline
     )
-
-
-def dr_terms(logits, ranking, reward, log_pi0_prefix, position_weight, f_hat_logged, model_value, *, where=None, max_log_weight=jnp.inf):
-    """Per-round DR: ``w (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]``.
-
-    Args:
-      logits, ranking, reward, log_pi0_prefix, position_weight, where, max_log_weight: as
-        :func:`ips_terms`.
-      f_hat_logged: ``[n]`` f_hat(x_i, a_i) at the logged rankings.
-      model_value: ``[n]`` magic-box ``E_{a ~ pi}[f_hat]`` from :func:`additive_model_value`
-        or :func:`ranking_model_value` (its gradient is the model part of DR).
-
-    Returns:
-      ``[n]``.
-    """
-    log_pi = pl.prefix_log_probs(logits, ranking, where=where)[..., -1]
-    w = _weight(log_pi, log_pi0_prefix[..., -1], max_log_weight)
-    residual = weighted_reward(reward, position_weight) - sg(f_hat_logged)
-    return magic_box(w * residual, w * residual * log_pi) + model_value
-
-
-def rpod_terms(logits, ranking, reward, log_pi0_prefix, position_weight, k, f_hat_logged, second_stage_value, *, where=None, max_log_weight=jnp.inf):
-    """Per-round R-POD(k) (Eq. 9): ``w(x, a_{1:k}) (R - f_hat(x, a)) + E_{a_{1:k} ~ pi1st}[f_hat2nd]``.
-
-    ``w(x, a_{1:k}) = pi1st(a_{1:k}|x) / pi_0(a_{1:k}|x)`` (1 at ``k = 0``). At ``k = L`` this
-    is DR; at ``k = 0`` the first term has no gradient and R-POD reduces to regression.
-
-    Args:
-      logits: ``[n, D]`` first-stage PL logits.
-      ranking, reward, log_pi0_prefix, position_weight, where, max_log_weight: as
-        :func:`ips_terms`.
-      k: Python int in ``[0, L]``.
-      f_hat_logged: ``[n]`` f_hat(x_i, a_i).
-      second_stage_value: ``[n]`` magic-box ``E_{a_{1:k} ~ pi1st}[f_hat(x, a_{1:k} completed by
-        the second stage)]`` (e.g. :func:`ranking_model_value`).
-
-    Returns:
-      ``[n]``.
-    """
-    n_slots = ranking.shape[-1]
-    if not isinstance(k, int) or not 0 <= k <= n_slots:
-        raise ValueError(f"k must be an int in [0, L={n_slots}], got {k!r}")
-    residual = weighted_reward(reward, position_weight) - sg(f_hat_logged)
-    if k == 0:
-        return sg(residual) + second_stage_value  # w = 1 and no first-stage score function
-    log_pi = pl.prefix_log_probs(logits, ranking[..., :k], where=where)[..., -1]
-    w = _weight(log_pi, log_pi0_prefix[..., k - 1], max_log_weight)
-    return magic_box(w * residual, w * residual * log_pi) + second_stage_value

@@ -1,26 +1,27 @@
-"""The one minibatch training loop shared by reward models and policy learners.
+"""The one minibatch training loop: reward models, OPL policies, LTR and pairwise rankers.
 
-An epoch shuffles the rows, cuts them into fixed-size batches (the remainder of a shuffle
-is skipped, so every batch has the same shape) and runs the optax steps in jit-compiled
-chunks of ``STEPS_PER_CALL`` (a ``lax.scan``). The compiled chunk is cached per (loss
-function, learning rate, batch size) and does not depend on ``n``: a second fit with the
-same loss function -- another data set size, seed or ``lambda``, another reward model's
-parameters passed as ``aux`` -- compiles nothing.
-Optional early stopping on a validation loss keeps the best parameters.
+:func:`train` is a pure function of arrays -- the whole run (epochs of shuffled fixed-size
+batches, optax steps, optional early stopping on a validation loss) is one ``lax.scan`` --
+so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds (:func:`opl_rank.learners.fit_seeds`).
+:func:`minimize` is its jit-compiled, checked entry point: compiled once per (loss function,
+optimiser, batch size, epochs, data shapes) and reused for new seeds, ``lambda`` values or
+reward-model parameters passed as ``aux``.
 
-:func:`minimize_replicas` trains ``S`` independent fits that share shapes (the seeds of
-one sweep cell) as one vmapped loop: one dispatch per chunk for all replicas, which is
-what an accelerator wants.
+An epoch shuffles the rows and cuts them into ``n // batch`` batches of exactly ``batch``
+rows (the remainder of the shuffle is skipped). Early stopping: after each epoch the
+validation loss is computed; after ``patience`` epochs without a lower one the run stops
+(the remaining epochs do nothing) and the parameters with the lowest validation loss are
+returned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import sys
-import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +30,33 @@ import optax
 
 from opl_rank.data import LoggedData
 
-__all__ = ["TrainConfig", "TrainResult", "minimize", "minimize_replicas", "stack_replicas"]
+__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "train", "train_jit", "minimize", "listen", "print_epoch", "OPTIMIZERS"]
 
-LossFn = Callable[[Any, LoggedData, jax.Array, Any], jax.Array]  # (params, batch, key, aux)
+LossFn = Callable[[Any, Any, jax.Array, Any], jax.Array]  # (params, batch, key, aux) -> scalar
+
+OPTIMIZERS = ("adam", "adamax", "adamw", "sgd")
+
+# Step keys are drawn for this many steps per block, so that a run's random numbers do not
+# depend on how the loop is cut (results are reproducible across versions of this loop).
+_KEY_BLOCK = 16
+
+
+@functools.lru_cache(maxsize=256)
+def make_optimizer(name: str, learning_rate: float, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """An optax optimiser by name; one object per setting, so compiled runs are reused.
+
+    Args:
+      name: one of :data:`OPTIMIZERS`.
+      learning_rate: step size (> 0).
+      weight_decay: decoupled weight decay (``adamw`` only).
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    if name == "adamw":
+        return optax.adamw(learning_rate, weight_decay=weight_decay)
+    if weight_decay:
+        raise ValueError(f"weight_decay is for adamw only, got {weight_decay} with {name!r}")
+    return getattr(optax, name)(learning_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +67,13 @@ class TrainConfig:
       epochs: maximum passes over the data.
       batch_size: rows per step; capped at ``n`` (so ``n`` smaller than a batch trains on
         full-data batches instead of failing).
-      learning_rate: Adam step size.
-      patience: stop after this many epochs without a better validation loss (None: no
-        early stopping); the best parameters are returned.
+      learning_rate: step size.
+      patience: stop after this many epochs without a lower validation loss (None: no
+        early stopping); the best parameters are returned. Needs validation rows.
       progress: print one line per epoch to stderr.
+      optimizer: a name in :data:`OPTIMIZERS` (``minimize(..., optimizer=...)`` takes any
+        ``optax.GradientTransformation`` instead).
+      weight_decay: decoupled weight decay (``adamw``).
     """
 
     epochs: int = 30
@@ -53,6 +81,8 @@ class TrainConfig:
     learning_rate: float = 1e-2
     patience: int | None = None
     progress: bool = False
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -61,230 +91,238 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
-        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
+        if self.patience is not None and (not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1):
             raise ValueError(f"patience must be None or a positive int, got {self.patience!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.weight_decay and self.optimizer != "adamw":
+            raise ValueError(f"weight_decay is for optimizer 'adamw', got optimizer {self.optimizer!r}")
+
+    def make_optimizer(self) -> optax.GradientTransformation:
+        return make_optimizer(self.optimizer, float(self.learning_rate), float(self.weight_decay))
 
 
 class TrainResult(NamedTuple):
+    """Parameters and the per-epoch history.
+
+    ``history`` is a list of dicts (``epoch``, ``train_loss``, ``valid_loss`` with
+    validation rows, plus ``metrics_fn``'s values) from :func:`minimize`; from :func:`train`
+    it is a dict of ``[epochs]`` arrays (with ``active``: the epoch ran) -- pure, vmappable.
+    """
+
     params: Any
-    history: list[dict[str, float]]  # epoch, train_loss, (valid_loss), seconds
+    history: Any
 
 
-STEPS_PER_CALL = 16
+def _rows_of(data: Any) -> dict[str, jax.Array]:
+    return data.row_fields() if isinstance(data, LoggedData) else dict(data)
 
 
-@functools.lru_cache(maxsize=256)
-def _chunk_runner(loss_fn: LossFn, learning_rate: float, batch: int, treedef: Any, replicated: bool) -> tuple:
-    """The jit-compiled run of ``STEPS_PER_CALL`` optimiser steps for one loss function.
-
-    Its shapes depend on the batch size only, never on ``n``: fits on data sets of any
-    size reuse one compilation. Steps flagged inactive (the padding of an epoch's last
-    chunk) are skipped by ``lax.cond``. ``replicated``: every argument carries a leading
-    replica axis and the chunk is vmapped over it (independent fits sharing shapes).
-    """
-    optimizer = optax.adam(learning_rate)
-
-    def run_chunk(params, opt_state, template_leaves, rows, keys, active, aux):
-        template = jax.tree.unflatten(treedef, template_leaves)
-
-        def step(carry, inputs):
-            params, opt_state = carry
-            batch_rows, k, is_active = inputs
-
-            def update(carry):
-                params, opt_state = carry
-                loss, grads = jax.value_and_grad(loss_fn)(params, _with_rows(template, batch_rows), k, aux)
-                # optax mixes Python floats and int32 counts: fine under standard promotion only.
-                with jax.numpy_dtype_promotion("standard"):
-                    updates, opt_state = optimizer.update(grads, opt_state, params)
-                return (optax.apply_updates(params, updates), opt_state), loss
-
-            return jax.lax.cond(is_active, update, lambda carry: (carry, jnp.float32(0.0)), (params, opt_state))
-
-        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (rows, keys, active))
-        return params, opt_state, jnp.sum(losses)
-
-    return optimizer, jax.jit(jax.vmap(run_chunk) if replicated else run_chunk)
+def _with_rows(data: Any, rows: dict[str, jax.Array]) -> Any:
+    return data.replace(**rows) if isinstance(data, LoggedData) else {**data, **rows}
 
 
-def _with_rows(template: Any, rows: dict[str, jax.Array]) -> Any:
-    """A batch: the template (LoggedData, or a dict of row arrays) with these rows."""
-    return {**template, **rows} if isinstance(template, dict) else template.replace(**rows)
+def _n_rows(data: Any) -> int:
+    return int(next(iter(_rows_of(data).values())).shape[0])
 
 
-def _epoch_rows(rows: dict[str, jax.Array], key: jax.Array, batch: int, n_chunks: int) -> tuple:
-    """Shuffle rows ``{name: [n, ...]}`` and cut one epoch into ``[n_chunks, STEPS_PER_CALL, batch, ...]``.
-
-    Full batches only (the remainder of the shuffle is skipped); padding steps repeat
-    real rows and are flagged inactive.
-    """
-    n = next(iter(rows.values())).shape[0]
-    n_batches = n // batch
-    slots = n_chunks * STEPS_PER_CALL
-    k_perm, k_steps = jax.random.split(key)
-    order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
-    order = jnp.concatenate([order, jnp.broadcast_to(order[:1], (slots - n_batches, batch))], axis=0)
-    shape = (n_chunks, STEPS_PER_CALL)
-    out = {name: value[order].reshape(shape + value[order].shape[1:]) for name, value in rows.items()}
-    keys = jax.random.split(k_steps, slots).reshape(shape)
-    active = (jnp.arange(slots) < n_batches).reshape(shape)
-    return out, keys, active
-
-
-@functools.partial(jax.jit, static_argnames=("batch", "n_chunks", "replicated"))
-def _epoch_batches(rows: dict[str, jax.Array], key: jax.Array, batch: int, n_chunks: int, replicated: bool) -> tuple:
-    """One epoch's row blocks (vmapped over a leading replica axis when ``replicated``).
-    Compiled per ``n``, but only gathers."""
-    cut = functools.partial(_epoch_rows, batch=batch, n_chunks=n_chunks)
-    return jax.vmap(cut)(rows, key) if replicated else cut(rows, key)
-
-
-@functools.lru_cache(maxsize=256)
-def _evaluator(loss_fn: LossFn) -> Callable:
-    return jax.jit(loss_fn)
-
-
-def _split3(key: jax.Array, replicated: bool) -> tuple:
-    parts = jax.vmap(lambda k: jax.random.split(k, 3))(key) if replicated else jax.random.split(key, 3)
-    return (parts[:, 0], parts[:, 1], parts[:, 2]) if replicated else (parts[0], parts[1], parts[2])
-
-
-def _train(
-    loss_fn: LossFn, params: Any, rows: dict[str, jax.Array], template: LoggedData | list[jax.Array],
-    treedef: Any, n: int, key: jax.Array, config: TrainConfig, aux: Any, replicated: bool,
-    valid: LoggedData | None = None, valid_loss_fn: LossFn | None = None,
+def train(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    params: Any,
+    data: Any,
+    key: jax.Array,
+    *,
+    epochs: int,
+    batch_size: int,
+    aux: Any = None,
+    valid: Any = None,
+    valid_loss_fn: LossFn | None = None,
+    patience: int | None = None,
+    metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None,
+    listener: jax.Array | None = None,
 ) -> TrainResult:
-    """The epoch loop behind :func:`minimize` and :func:`minimize_replicas`."""
-    batch = min(config.batch_size, n)
+    """The training run as a pure function (jit-able, vmappable over seeds).
+
+    Args:
+      loss_fn: ``(params, batch, key, aux) -> scalar``.
+      optimizer: any ``optax.GradientTransformation``.
+      params: initial parameters.
+      data: a :class:`~opl_rank.data.LoggedData` (batches are LoggedData) or a dict of
+        arrays sharing a leading axis ``n`` (batches are dicts).
+      key: PRNG key (shuffles, step keys, validation keys).
+      epochs, batch_size: Python ints (``batch_size`` is capped at ``n``).
+      aux: extra arrays the loss reads.
+      valid: validation rows, same kind as ``data``.
+      valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
+      patience: early stopping (needs ``valid``).
+      metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
+      listener: an int32 token from :func:`listen`: its host callback receives every
+        epoch's record as the run goes (progress, timing); results do not depend on it.
+
+    Returns:
+      :class:`TrainResult` with history arrays ``[epochs]``.
+    """
+    n = _n_rows(data)
+    batch = min(batch_size, n)
     n_batches = n // batch
-    n_chunks = -(-n_batches // STEPS_PER_CALL)
-    optimizer, run_chunk = _chunk_runner(loss_fn, float(config.learning_rate), batch, treedef, replicated)
-    evaluate = _evaluator(valid_loss_fn or loss_fn)
-    opt_state = jax.vmap(optimizer.init)(params) if replicated else optimizer.init(params)
-    best = (math.inf, params)
-    history: list[dict[str, float]] = []
-    since_best = 0
-    for epoch in range(1, config.epochs + 1):
-        key, k_epoch, k_valid = _split3(key, replicated)
-        start = time.perf_counter()
-        blocks, keys, active = _epoch_batches(rows, k_epoch, batch, n_chunks, replicated)
-        total = 0.0
-        for c in range(n_chunks):
-            at = (slice(None), c) if replicated else c
-            chunk_rows = {name: value[at] for name, value in blocks.items()}
-            params, opt_state, chunk_loss = run_chunk(params, opt_state, template, chunk_rows, keys[at], active[at], aux)
-            total = total + chunk_loss
-        losses = np.atleast_1d(np.asarray(total, dtype=np.float64)) / n_batches
-        record = {"epoch": epoch, "train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start}
-        if replicated:
-            record["train_loss_replicas"] = losses.tolist()
+    n_keys = -(-n_batches // _KEY_BLOCK) * _KEY_BLOCK
+    row_names = list(_rows_of(data))
+    evaluate = valid_loss_fn or loss_fn
+    stopping = valid is not None and patience is not None
+
+    def step(carry, inputs):
+        params, opt_state = carry
+        batch_rows, k = inputs
+        loss, grads = jax.value_and_grad(loss_fn)(params, _with_rows(data, batch_rows), k, aux)
+        # optax mixes Python floats and int32 counts: valid under standard promotion only
+        # (users and our tests may set jax_numpy_dtype_promotion="strict").
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    def run_epoch(params, opt_state, k_epoch):
+        k_perm, k_steps = jax.random.split(k_epoch)
+        order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
+        rows = _rows_of(data)
+        blocks = {name: rows[name][order] for name in row_names}
+        step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
+        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (blocks, step_keys))
+        return params, opt_state, jnp.sum(losses) / n_batches
+
+    def epoch(carry, index):
+        params, opt_state, key, best_loss, best_params, since_best = carry
+        key, k_epoch, k_valid = jax.random.split(key, 3)
+        active = since_best < (patience if stopping else epochs + 1)
+        params, opt_state, train_loss = jax.lax.cond(
+            active, run_epoch, lambda p, s, k: (p, s, jnp.float32(jnp.nan)), params, opt_state, k_epoch
+        )
+        record = {"train_loss": train_loss, "active": active}
         if valid is not None:
-            record["valid_loss"] = float(evaluate(params, valid, k_valid, aux))
-        if not np.all(np.isfinite(losses)):
-            raise FloatingPointError(f"training loss became {losses.tolist()} at epoch {epoch}")
-        history.append(record)
-        if config.progress:
-            extra = f"  valid_loss {record['valid_loss']:+.5f}" if "valid_loss" in record else ""
-            print(f"epoch {epoch:>3}/{config.epochs}  train_loss {record['train_loss']:+.5f}{extra}", file=sys.stderr)
-        if valid is not None and config.patience is not None:
-            if record["valid_loss"] < best[0]:
-                best, since_best = (record["valid_loss"], params), 0
-            else:
-                since_best += 1
-                if since_best >= config.patience:
-                    return TrainResult(best[1], history)
-    if valid is not None and config.patience is not None and best[0] <= history[-1]["valid_loss"]:
-        return TrainResult(best[1], history)
-    return TrainResult(params, history)
+            valid_loss = evaluate(params, valid, k_valid, aux)
+            record["valid_loss"] = jnp.where(active, valid_loss, jnp.nan)
+            better = active & (valid_loss < best_loss)
+            best_loss = jnp.where(better, valid_loss, best_loss)
+            best_params = jax.tree.map(lambda new, old: jnp.where(better, new, old), params, best_params)
+            since_best = jnp.where(better, 0, since_best + active.astype(jnp.int32))
+        if metrics_fn is not None:
+            record.update(metrics_fn(params, valid, k_valid))
+        if listener is not None:
+            jax.debug.callback(_notify, listener, index + 1, record, ordered=True)
+        return (params, opt_state, key, best_loss, best_params, since_best), record
+
+    init = (params, optimizer.init(params), key, jnp.float32(jnp.inf), params, jnp.int32(0))
+    (params, _, _, _, best_params, _), history = jax.lax.scan(epoch, init, jnp.arange(epochs))
+    return TrainResult(best_params if stopping else params, history)
+
+
+# Host callbacks of running fits, by token: a dispatch table for progress and timing only
+# (what a run computes never depends on it).
+_LISTENERS: dict[int, Callable[[int, dict[str, float]], None]] = {}
+
+
+def _notify(token, epoch, record) -> None:
+    callback = _LISTENERS.get(int(token))
+    if callback is not None and bool(record["active"]):
+        callback(int(epoch), {name: float(v) for name, v in record.items() if name != "active"})
+
+
+@contextlib.contextmanager
+def listen(callback: Callable[[int, dict[str, float]], None]):
+    """``with listen(fn) as token: train(..., listener=token)``: ``fn(epoch, record)`` runs
+    on the host after every epoch of that run."""
+    token = max(_LISTENERS, default=0) + 1
+    _LISTENERS[token] = callback
+    try:
+        yield jnp.int32(token)
+    finally:
+        del _LISTENERS[token]
+
+
+def print_epoch(epochs: int) -> Callable[[int, dict[str, float]], None]:
+    """A listener that prints one line per epoch to stderr."""
+
+    def show(epoch: int, record: dict[str, float]) -> None:
+        extra = "".join(f"  {name} {v:+.5f}" for name, v in record.items() if name != "train_loss")
+        print(f"epoch {epoch:>3}/{epochs}  train_loss {record['train_loss']:+.5f}{extra}", file=sys.stderr)
+
+    return show
+
+
+_STATIC = ("loss_fn", "optimizer", "epochs", "batch_size", "valid_loss_fn", "patience", "metrics_fn")
+train_jit = jax.jit(train, static_argnames=_STATIC)
+
+
+def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
+    """``{name: [epochs]}`` arrays (one run) -> one dict per epoch that ran."""
+    arrays = {name: np.asarray(value) for name, value in history.items()}
+    records = []
+    for e in range(arrays["active"].shape[0]):
+        if not arrays["active"][e]:
+            break
+        records.append({"epoch": e + 1, **{name: float(v[e]) for name, v in arrays.items() if name != "active"}})
+    return records
+
+
+def check_finite(history: dict[str, Any], what: str) -> None:
+    """A FloatingPointError naming ``what`` and the epoch if a training loss is not finite."""
+    losses = np.asarray(history["train_loss"])
+    active = np.asarray(history["active"])
+    bad = np.nonzero(active & ~np.isfinite(losses))[0]
+    if bad.size:
+        raise FloatingPointError(f"{what}: training loss became {losses[bad[0]]} at epoch {bad[0] + 1}")
 
 
 def minimize(
     loss_fn: LossFn,
     params: Any,
-    data: LoggedData,
+    data: Any,
     key: jax.Array,
     config: TrainConfig,
     *,
+    optimizer: optax.GradientTransformation | None = None,
     aux: Any = None,
-    valid: LoggedData | None = None,
+    valid: Any = None,
     valid_loss_fn: LossFn | None = None,
+    metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    name: str = "training",
 ) -> TrainResult:
-    """Minimise ``mean over batches of loss_fn(params, batch, key, aux)`` with Adam.
+    """Minimise ``mean over batches of loss_fn(params, batch, key, aux)``.
 
     Args:
       loss_fn: ``(params, batch, key, aux) -> scalar``; jit-able. Pass the same function
         object across fits to reuse its compilation.
       params: initial parameters (any pytree).
-      data: training rows: a :class:`LoggedData` (batches are LoggedData), or a dict of
-        arrays sharing a leading axis ``n`` (batches are dicts; e.g. pairs of rounds).
+      data: training rows: a :class:`LoggedData` or a dict of arrays sharing a leading
+        axis ``n`` (e.g. pairs of rounds, or queries).
       key: PRNG key (shuffles and the loss's own sampling).
       config: :class:`TrainConfig`.
+      optimizer: an ``optax.GradientTransformation`` (default: ``config.make_optimizer()``;
+        reuse one object across fits to reuse its compilation).
       aux: extra arrays the loss reads (e.g. a fitted reward model's parameters).
-      valid: optional validation rows for early stopping and monitoring.
+      valid: optional validation rows (monitoring; early stopping with ``config.patience``).
       valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
+      metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
+      on_epoch: ``(epoch, record)`` called on the host after every epoch as the run goes
+        (``config.progress`` prints instead).
+      name: what is trained, for error messages.
 
     Returns:
-      :class:`TrainResult` with the final (or, with early stopping, best) parameters.
+      :class:`TrainResult` with the final (or, with early stopping, best) parameters and
+      one history dict per epoch that ran.
     """
-    if isinstance(data, dict):
-        rows = dict(data)
-        n = next(iter(rows.values())).shape[0]
-        template: Any = {name: value[: min(config.batch_size, n)] for name, value in rows.items()}
-    else:
-        rows, n = data.row_fields(), data.n_rounds
-        template = data.take(jnp.arange(min(config.batch_size, n)))  # shared fields, row fields of batch shape
-    leaves, treedef = jax.tree.flatten(template)
-    return _train(
-        loss_fn, params, rows, leaves, treedef, n, key, config, aux, False, valid=valid, valid_loss_fn=valid_loss_fn,
-    )
-
-
-def minimize_replicas(
-    loss_fn: LossFn,
-    params: Any,
-    datas: Sequence[LoggedData],
-    keys: jax.Array,
-    config: TrainConfig,
-    *,
-    aux: Any = None,
-) -> TrainResult:
-    """``S`` independent :func:`minimize` runs that share shapes, vmapped into one.
-
-    Args:
-      loss_fn: as for :func:`minimize`.
-      params: initial parameters with a leading replica axis ``[S, ...]`` on every leaf.
-      datas: ``S`` data sets of equal shapes (``n``, ``L``, ``D``, the same optional fields).
-      keys: ``[S]`` PRNG keys.
-      config: :class:`TrainConfig` (no early stopping: replicas train for ``epochs``).
-      aux: the loss's extra arrays with a leading replica axis (or None).
-
-    Returns:
-      :class:`TrainResult`: parameters ``[S, ...]``; each history record's ``train_loss``
-      is the mean over replicas, ``train_loss_replicas`` the per-replica values. Replica
-      ``s`` matches ``minimize(..., datas[s], keys[s], ...)`` up to float rounding (~1e-5).
-    """
-    rows, template, treedef = stack_replicas(datas, min(config.batch_size, datas[0].n_rounds))
-    if keys.shape[:1] != (len(datas),):
-        raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
-    return _train(loss_fn, params, rows, template, treedef, datas[0].n_rounds, keys, config, aux, True)
-
-
-def stack_replicas(datas: Sequence[LoggedData], batch: int) -> tuple[dict[str, jax.Array], list[jax.Array], Any]:
-    """Row fields ``{name: [S, n, ...]}``, a batch-sized template's leaves ``[S, ...]`` and its treedef.
-
-    Raises a ValueError naming the mismatch unless every data set has the same shapes.
-    """
-    if not datas:
-        raise ValueError("datas must not be empty")
-    flat = [jax.tree.flatten(d) for d in datas]
-    for i, (leaves, treedef) in enumerate(flat[1:], start=1):
-        shapes = [x.shape for x in leaves]
-        if treedef != flat[0][1] or shapes != [x.shape for x in flat[0][0]]:
-            raise ValueError(
-                f"datas[{i}] does not share datas[0]'s shapes and fields (n, L, D, optional fields): "
-                f"{shapes} vs {[x.shape for x in flat[0][0]]}"
-            )
-    rows = {name: jnp.stack([d.row_fields()[name] for d in datas]) for name in datas[0].row_fields()}
-    templates = [jax.tree.flatten(d.take(jnp.arange(batch))) for d in datas]
-    leaves = [jnp.stack(parts) for parts in zip(*(t[0] for t in templates))]
-    return rows, leaves, templates[0][1]
+    if on_epoch is None and config.progress:
+        on_epoch = print_epoch(config.epochs)
+    with contextlib.ExitStack() as stack:
+        token = None if on_epoch is None else stack.enter_context(listen(on_epoch))
+        result = train_jit(
+            loss_fn, optimizer or config.make_optimizer(), params, data, key,
+            epochs=config.epochs, batch_size=config.batch_size, aux=aux, valid=valid, valid_loss_fn=valid_loss_fn,
+            patience=config.patience, metrics_fn=metrics_fn, listener=token,
+        )
+        jax.block_until_ready(result)
+    check_finite(result.history, name)
+    return TrainResult(result.params, history_records(result.history))

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.pairwise import CORRECTIONS, PAIR_LOSSES, unbiased_pairwise_loss
-from opl_rank.policies import MLPScorer
+from opl_rank.scorers import MLPScorer
 
 __all__ = ["PairwiseTrainConfig", "PairwiseRanker", "train_pairwise_ranker"]
 
@@ -34,7 +34,7 @@ class PairwiseTrainConfig:
       epochs: passes over the lists.
       batch_lists: lists per step (capped at N).
       pair_loss: a name in :data:`opl_rank.pairwise.PAIR_LOSSES`.
-      weight_decay: AdamW decoupled weight decay (0: Adam).
+      weight_decay: AdamW decoupled weight decay.
       patience: with validation lists, stop after this many epochs without a lower
         validation loss (the same debiased loss on held-out queries' clicks) and keep the
         best parameters.
@@ -73,24 +73,15 @@ class PairwiseRanker(NamedTuple):
 
 
 @functools.lru_cache(maxsize=32)
-def _step(module: MLPScorer, config: PairwiseTrainConfig, correction: str):
-    optimizer = optax.adamw(config.learning_rate, weight_decay=config.weight_decay)
+def _loss(module: MLPScorer, pair_loss: str, correction: str):
+    """The mean per-list debiased pairwise loss: one function object per setting (compiled once)."""
 
-    def loss_fn(params, features, targets, mask, examination, joint):
-        scores = module.apply(params, features)
-        per_list = unbiased_pairwise_loss(scores, targets, examination, joint, mask, config.pair_loss, correction)
-        return jnp.mean(per_list)
+    def loss_fn(params, batch, key, aux):
+        examination, joint = aux
+        scores = module.apply(params, batch["features"])
+        return jnp.mean(unbiased_pairwise_loss(scores, batch["targets"], examination, joint, batch["mask"], pair_loss, correction))
 
-    evaluate = jax.jit(loss_fn)
-
-    @jax.jit
-    def step(params, opt_state, features, targets, mask, examination, joint):
-        loss, grads = jax.value_and_grad(loss_fn)(params, features, targets, mask, examination, joint)
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return optimizer, step, evaluate
+    return loss_fn
 
 
 def train_pairwise_ranker(
@@ -105,7 +96,8 @@ def train_pairwise_ranker(
     config: PairwiseTrainConfig = PairwiseTrainConfig(),
     valid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> PairwiseRanker:
-    """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W).
+    """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W), in the
+    one training loop of :mod:`opl_rank.optimization`.
 
     Args:
       key: PRNG key (initialisation and shuffling).
@@ -128,35 +120,19 @@ def train_pairwise_ranker(
     features = jnp.asarray(features, jnp.float32)
     if features.ndim != 3 or targets.shape != features.shape[:2] or mask.shape != features.shape[:2]:
         raise ValueError(f"need features [N, K, F], targets and mask [N, K]; got {features.shape}, {targets.shape}, {mask.shape}")
-    n = features.shape[0]
-    batch = min(config.batch_lists, n)
     module = MLPScorer(hidden=tuple(config.hidden))
     k_init, key = jax.random.split(key)
     params = module.init(k_init, features[:1])
-    optimizer, step, evaluate = _step(module, config, correction)
-    opt_state = optimizer.init(params)
-    targets, mask = jnp.asarray(targets, bool), jnp.asarray(mask, bool)
-    examination, joint = jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32)
+    rows = {"features": features, "targets": jnp.asarray(targets, bool), "mask": jnp.asarray(mask, bool)}
+    aux = (jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32))
+    held_out = None
     if valid is not None:
-        valid = (jnp.asarray(valid[0], jnp.float32), jnp.asarray(valid[1], bool), jnp.asarray(valid[2], bool))
-    history: list[dict[str, float]] = []
-    best_loss, best_params, best_epoch = math.inf, params, 0
-    for epoch in range(config.epochs):
-        key, k_perm = jax.random.split(key)
-        order = np.asarray(jax.random.permutation(k_perm, n))
-        losses = []
-        for start in range(0, n - batch + 1, batch):  # full batches only: one compiled shape
-            rows = order[start : start + batch]
-            params, opt_state, loss = step(params, opt_state, features[rows], targets[rows], mask[rows], examination, joint)
-            losses.append(loss)
-        record = {"train_loss": float(np.mean(np.asarray(losses)))}
-        if not math.isfinite(record["train_loss"]):
-            raise FloatingPointError(f"training loss became {record['train_loss']} at epoch {epoch + 1}")
-        if valid is not None:
-            record["valid_loss"] = float(evaluate(params, *valid, examination, joint))
-            if record["valid_loss"] < best_loss:
-                best_loss, best_params, best_epoch = record["valid_loss"], params, epoch
-        history.append(record)
-        if valid is not None and epoch - best_epoch >= config.patience:
-            break
-    return PairwiseRanker(module, best_params if valid is not None else params, history)
+        held_out = {"features": jnp.asarray(valid[0], jnp.float32), "targets": jnp.asarray(valid[1], bool),
+                    "mask": jnp.asarray(valid[2], bool)}
+    train = TrainConfig(epochs=config.epochs, batch_size=config.batch_lists, learning_rate=config.learning_rate,
+                        patience=config.patience if valid is not None else None, optimizer="adamw",
+                        weight_decay=config.weight_decay)
+    result = minimize(_loss(module, config.pair_loss, correction), params, rows, key, train, aux=aux, valid=held_out,
+                      name=f"pairwise ranker ({correction})")
+    history = [{name: r[name] for name in ("train_loss", "valid_loss") if name in r} for r in result.history]
+    return PairwiseRanker(module, result.params, history)

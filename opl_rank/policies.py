@@ -1,106 +1,187 @@
-"""Scorers: flax modules that produce Plackett-Luce logits.
+"""Ranking policies: each samples rankings and owns its propensities.
 
-``MLPScorer`` scores query-document feature vectors pointwise (LETOR-style candidates):
-``[.., D, F] -> [.., D]``. The ranking-policy interface of the OPL learners builds on these.
+Every policy follows :class:`RankingPolicy`: ``sample`` rankings, ``log_prob`` of a
+ranking, and ``propensities`` of logged rankings (prefix log-probabilities and, on
+request, position marginals) in the form the estimators of
+:mod:`opl_rank.opl_estimators` read. OPE and the learners never ask which class a policy is.
+
+  PLPolicy          Plackett-Luce over a scorer's logits (exact prefix probabilities and
+                    position marginals, differentiable in the parameters).
+  RegressionPolicy  deterministic: the argmax of a reward model f_hat (Eq. 13).
+  TwoStagePolicy    R-POD's policy: PL over the top k, then the f_hat-argmax completion.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import math
+from typing import Any, Protocol, runtime_checkable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MLPScorer", "ActionScorer", "ItemFeatureScorer", "make_scorer"]
+from opl_rank import plackett_luce as pl
+from opl_rank.data import LoggedData
+from opl_rank.opl_estimators import Propensities
+
+__all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL"]
+
+# Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
+# so a logged item's marginal is never rounded to an impossible 0.
+MIN_MARGINAL = 1e-30
 
 
-class MLPScorer(nn.Module):
-    """Pointwise MLP scorer: ReLU hidden layers, one linear output per document.
+@runtime_checkable
+class RankingPolicy(Protocol):
+    """What every ranking policy offers."""
 
-    The exposure paper uses ``hidden=(1024, 512, 256)``.
+    n_slots: int
+    deterministic: bool
+
+    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
+        """``[n, dx] -> [n, L]`` int32 rankings."""
+
+    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        """``[n, dx], [n, L] -> [n]`` log pi(a | x) (``-inf`` off a deterministic policy's support)."""
+
+    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+        """Log-propensities of ``data.ranking`` (``log_slot`` only when ``slot_marginals``)."""
+
+
+def _log_indicator(match: jax.Array) -> jax.Array:
+    return jnp.where(match, 0.0, -jnp.inf)
+
+
+def _log_marginal(marginal: jax.Array) -> jax.Array:
+    return jnp.log(jnp.maximum(marginal, MIN_MARGINAL))
+
+
+@dataclasses.dataclass(frozen=True)
+class PLPolicy:
+    """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, :mod:`opl_rank.scorers`).
 
     Attributes:
-      hidden: hidden layer sizes.
-
-    Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> model = MLPScorer(hidden=(8,))
-      >>> params = model.init(jax.random.key(0), jnp.zeros((2, 5, 3)))
-      >>> model.apply(params, jnp.ones((2, 5, 3))).shape
-      (2, 5)
+      module: the flax scorer.
+      params: its parameters.
+      n_slots: rankings' length (``k`` for an R-POD first stage).
     """
 
-    hidden: Sequence[int] = (1024, 512, 256)
+    module: Any
+    params: Any
+    n_slots: int
+    deterministic = False
 
-    @nn.compact
-    def __call__(self, features: jax.Array) -> jax.Array:
-        """``[.., D, F]`` float32 features -> ``[.., D]`` float32 logits."""
-        x = features.astype(jnp.float32)
-        for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(1)(x)[..., 0]
+    def logits(self, context: jax.Array) -> jax.Array:
+        """``[n, dx] -> [n, D]``."""
+        return self.module.apply(self.params, context)
+
+    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
+        return pl.sample_rankings(key, self.logits(context), self.n_slots)
+
+    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots])[..., -1]
+
+    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+        """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
+
+        ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
+        marginals (:func:`~opl_rank.plackett_luce.exact_slot_marginals`). Both are
+        differentiable in ``params``; ``data.item_mask`` excludes candidates.
+        """
+        logits = self.logits(data.context)
+        ranking = data.ranking[..., : self.n_slots]
+        log_prefix = pl.prefix_log_probs(logits, ranking, where=data.item_mask)
+        log_slot = None
+        if slot_marginals:
+            log_slot = _log_marginal(pl.exact_slot_marginals(logits, ranking, where=data.item_mask))
+        return Propensities(log_prefix, log_slot)
 
 
-class ActionScorer(nn.Module):
-    """Per-action head over a fixed action set: ``[.., dx] -> [.., D]`` logits.
+@dataclasses.dataclass(frozen=True)
+class RegressionPolicy:
+    """Deterministic: the argmax of f_hat (Eq. 13 from an empty prefix)."""
 
-    ``hidden=()`` is linear (``theta_a^T x + b_a``, the form of the synthetic environment);
-    otherwise a ReLU MLP with a D-way output.
+    reward_model: Any
+    deterministic = True
 
-    Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> model = ActionScorer(n_items=4)
-      >>> params = model.init(jax.random.key(0), jnp.zeros((1, 5)))
-      >>> model.apply(params, jnp.ones((3, 5))).shape
-      (3, 4)
+    @property
+    def n_slots(self) -> int:
+        return self.reward_model.n_slots
+
+    def sample(self, key: jax.Array | None, context: jax.Array) -> jax.Array:
+        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
+        return self.reward_model.complete(context, empty)
+
+    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        same = jnp.all(self.sample(None, context) == rankings, axis=-1)
+        return jnp.where(same, 0.0, -jnp.inf)
+
+    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+        """Indicators: ``log pi(a_{1:l}) = 0`` while the logged prefix is the argmax's, else ``-inf``."""
+        same = data.ranking == self.sample(None, data.context)
+        log_slot = _log_indicator(same) if slot_marginals else None
+        return Propensities(_log_indicator(jnp.cumprod(same, axis=-1) > 0), log_slot)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoStagePolicy:
+    """R-POD's policy: PL over the top k, then the f_hat-argmax completion.
+
+    Attributes:
+      first_stage: a :class:`PLPolicy` with ``n_slots = k``.
+      reward_model: the fitted f_hat whose ``complete`` is the second stage.
+      n_samples: first-stage samples per row for Monte Carlo slot marginals beyond k.
+      max_enumerated: enumerate first-stage prefixes exactly up to this many instead.
     """
 
-    n_items: int
-    hidden: Sequence[int] = ()
+    first_stage: PLPolicy
+    reward_model: Any
+    n_samples: int = 512
+    max_enumerated: int = 1024
+    deterministic = False
 
-    @nn.compact
-    def __call__(self, context: jax.Array) -> jax.Array:
-        """``[.., dx]`` -> ``[.., D]``."""
-        x = context.astype(jnp.float32)
-        for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.n_items)(x)
+    @property
+    def n_slots(self) -> int:
+        return self.reward_model.n_slots
 
+    @property
+    def k(self) -> int:
+        return self.first_stage.n_slots
 
-class ItemFeatureScorer(nn.Module):
-    """A shared per-item scorer over item features packed into the context.
+    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
+        return self.reward_model.complete(context, self.first_stage.sample(key, context))
 
-    LETOR-style environments (e.g. :mod:`simulators.semi_synthetic`) put the ``D``
-    candidates' ``F`` features first in the context, flattened item-major:
-    ``context[..., :D*F]``; anything after them (such as a query index) is ignored. Every
-    item gets the same MLP (``hidden=()``: linear), so the scorer generalises across
-    queries whose candidate lists differ.
+    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+        completed = self.reward_model.complete(context, rankings[..., : self.k])
+        same = jnp.all(completed == rankings, axis=-1)
+        return jnp.where(same, self.first_stage.log_prob(context, rankings), -jnp.inf)
 
-    Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> model = ItemFeatureScorer(n_items=4, n_features=3, hidden=(8,))
-      >>> params = model.init(jax.random.key(0), jnp.zeros((1, 13)))
-      >>> model.apply(params, jnp.ones((2, 13))).shape
-      (2, 4)
-    """
+    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+        """PL prefix probabilities up to k times the indicator that the second stage
+        completes the logged prefix the logged way.
 
-    n_items: int
-    n_features: int
-    hidden: Sequence[int] = ()
-
-    @nn.compact
-    def __call__(self, context: jax.Array) -> jax.Array:
-        """``[.., dx >= D*F]`` -> ``[.., D]``."""
-        width = self.n_items * self.n_features
-        if context.shape[-1] < width:
-            raise ValueError(f"context has {context.shape[-1]} columns, fewer than n_items * n_features = {width}")
-        features = context[..., :width].reshape(context.shape[:-1] + (self.n_items, self.n_features))
-        return MLPScorer(hidden=tuple(self.hidden))(features)
-
-
-def make_scorer(n_items: int, hidden: Sequence[int] = (), item_feature_dim: int | None = None) -> nn.Module:
-    """:class:`ActionScorer` (``item_feature_dim=None``) or :class:`ItemFeatureScorer`."""
-    if item_feature_dim is None:
-        return ActionScorer(n_items=n_items, hidden=tuple(hidden))
-    return ItemFeatureScorer(n_items=n_items, n_features=item_feature_dim, hidden=tuple(hidden))
+        Slot marginals: exact PL below k; beyond k, a sum over first-stage prefixes --
+        exact by enumeration when there are at most ``max_enumerated``, else a Monte Carlo
+        mean over ``n_samples`` prefixes drawn with ``key``.
+        """
+        k, context, ranking = self.k, data.context, data.ranking
+        first = self.first_stage.propensities(data, slot_marginals=slot_marginals)
+        head = first.log_prefix  # [n, k]
+        completed = self.reward_model.complete(context, ranking[:, :k])
+        tail_match = jnp.cumprod(completed[:, k:] == ranking[:, k:], axis=-1) > 0
+        log_prefix = jnp.concatenate([head, head[:, -1:] + _log_indicator(tail_match)], axis=-1)
+        if not slot_marginals:
+            return Propensities(log_prefix)
+        logits = self.first_stage.logits(context)
+        n_prefixes = math.perm(data.n_items, k)
+        if n_prefixes <= self.max_enumerated:
+            prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(data.n_items, k))[:, None, :], (n_prefixes,) + head.shape)
+            weight = jnp.exp(pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes)[..., -1])
+        else:
+            if key is None:
+                raise ValueError("Monte Carlo slot marginals of a two-stage policy need a PRNG key")
+            prefixes = pl.sample_rankings(key, logits, k, n_samples=self.n_samples)  # [N, n, k]
+            weight = jnp.full(prefixes.shape[:2], 1.0 / self.n_samples)
+        tails = self.reward_model.complete(context, prefixes)[..., k:]  # [P, n, L-k]
+        beyond = jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
+        return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))

@@ -39,13 +39,14 @@ import numpy as np
 from opl_rank import completion
 from opl_rank.completion import one_hot_sum, zero_diagonal
 from opl_rank.data import LoggedData
-from opl_rank.optimization import TrainConfig, minimize, minimize_replicas
-from opl_rank.policies import make_scorer
+from opl_rank.optimization import TrainConfig, TrainResult, check_finite, minimize, train_jit
+from opl_rank.scorers import make_scorer
 
 __all__ = [
     "RewardModel",
     "fit_reward_model",
-    "fit_reward_model_replicas",
+    "reward_module",
+    "train_reward_params",
     "shared_prefix_pairs",
     "base_kind",
     "REWARD_MODEL_KINDS",
@@ -186,64 +187,38 @@ def fit_reward_model(
       max_enumerated: completions enumerated exactly up to this many (pairwise kind).
       item_feature_dim: ``F`` when the context packs the candidates' features (LETOR-style
         environments): g is then one MLP shared by every item
-        (:class:`~opl_rank.policies.ItemFeatureScorer`). None: a per-item head on the context.
+        (:class:`~opl_rank.scorers.ItemFeatureScorer`). None: a per-item head on the context.
       two_step_k: R-POD's k for the two-step kinds (ignored by the others).
 
     Returns:
       A :class:`RewardModel`.
     """
-    module = _reward_module(data, kind, hidden, target, item_feature_dim, two_step_k)
-    k_init, k_fit = jax.random.split(key)
-    params = module.init(k_init, data.context[:1], data.ranking[:1])
+    module = reward_module(data, kind, hidden, target, item_feature_dim, two_step_k)
     if module.prefix_slots >= 0:
+        k_init, k_fit = jax.random.split(key)
+        params = module.init(k_init, data.context[:1], data.ranking[:1])
         params = _fit_two_step(module, params, data, k_fit, config, target)
     else:
-        params = minimize(_least_squares(module, target), params, data, k_fit, config, valid=valid).params
+        result = train_reward_params(module, target, data, key, config, valid=valid)
+        check_finite(result.history, f"reward model {kind!r}")
+        params = result.params
     return RewardModel(kind, module, params, data.position_weight, max_enumerated)
 
 
-def fit_reward_model_replicas(
-    datas: Sequence[LoggedData],
-    keys: jax.Array,
-    *,
-    kind: str = "additive",
-    hidden: Sequence[int] = (),
-    target: str = "sum",
-    config: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2),
-    max_enumerated: int = 512,
-    item_feature_dim: int | None = None,
-    two_step_k: int | None = None,
-) -> list[RewardModel]:
-    """:func:`fit_reward_model` on ``S`` data sets of equal shapes, vmapped into one loop.
-
-    Args:
-      datas: ``S`` logged data sets sharing shapes (e.g. one sweep cell's seeds).
-      keys: ``[S]`` PRNG keys; model ``s`` matches ``fit_reward_model(datas[s], keys[s])``
-        up to float rounding.
-      kind, hidden, target, config, max_enumerated, item_feature_dim, two_step_k: as for
-        :func:`fit_reward_model` (no early stopping; two-step kinds fit one by one, as
-        their pair sets differ in size).
-
-    Returns:
-      ``S`` :class:`RewardModel` s.
-    """
-    options = dict(kind=kind, hidden=hidden, target=target, config=config, max_enumerated=max_enumerated,
-                   item_feature_dim=item_feature_dim, two_step_k=two_step_k)
-    if kind.endswith(_TWO_STEP):
-        return [fit_reward_model(d, k, **options) for d, k in zip(datas, keys)]
-    module = _reward_module(datas[0], kind, hidden, target, item_feature_dim, None)
-    parts = jax.vmap(jax.random.split)(keys)
-    contexts = jnp.stack([d.context[:1] for d in datas])
-    rankings = jnp.stack([d.ranking[:1] for d in datas])
-    params = jax.vmap(module.init)(parts[:, 0], contexts, rankings)
-    params = minimize_replicas(_least_squares(module, target), params, datas, parts[:, 1], config).params
-    return [
-        RewardModel(kind, module, jax.tree.map(lambda x: x[s], params), d.position_weight, max_enumerated)
-        for s, d in enumerate(datas)
-    ]
+def train_reward_params(
+    module: "_SlotValues", target: str, data: LoggedData, key: jax.Array, config: TrainConfig, *, valid: LoggedData | None = None
+) -> TrainResult:
+    """Initialise and fit a one-step f_hat's parameters: a pure function of arrays
+    (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays."""
+    k_init, k_fit = jax.random.split(key)
+    params = module.init(k_init, data.context[:1], data.ranking[:1])
+    return train_jit(
+        _least_squares(module, target), config.make_optimizer(), params, data, k_fit,
+        epochs=config.epochs, batch_size=config.batch_size, valid=valid, patience=config.patience if valid is not None else None,
+    )
 
 
-def _reward_module(
+def reward_module(
     data: LoggedData, kind: str, hidden: Sequence[int], target: str, item_feature_dim: int | None, two_step_k: int | None
 ) -> "_SlotValues":
     if kind not in REWARD_MODEL_KINDS:

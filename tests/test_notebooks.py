@@ -18,7 +18,6 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.py"))
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 # notebook stem -> {csv file name: columns it must have}
 EXPECTED_COLUMNS = {
@@ -28,9 +27,9 @@ EXPECTED_COLUMNS = {
     "opl_quickstart": {"policies.csv": {"policy", "V_true", "V0", "dr", "snips", "dr_ess"}},
     "opl_sweep_analysis": {"k_selection.csv": {"k_true_best", "k_selected", "gain_lost"}},
 }
-# notebook stem -> data files it reads (skipped with a reason when they are missing)
+# notebook stem -> shipped data sets it reads (simulators.datasets; checked before the run)
 NEEDS_DATA = {
-    "exposure_ltr_curves": [SHARED_DATA / "lightgbm_yahoo_sample" / "lightgbm_yahoo_sample.txt"],
+    "exposure_ltr_curves": ["yahoo_sample"],
 }
 
 
@@ -42,9 +41,10 @@ def test_there_are_notebooks():
 def test_notebook_runs_at_smallest_size(notebook, tmp_path):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("matplotlib")
-    missing = [p for p in NEEDS_DATA.get(notebook.stem, []) if not p.exists()]
-    if missing:
-        pytest.skip(f"data not found: {', '.join(map(str, missing))}")
+    from simulators import datasets
+
+    for name in NEEDS_DATA.get(notebook.stem, []):
+        datasets.verify(name)  # the shipped file is there and intact
 
     out = tmp_path / "out"
     env = dict(os.environ)

@@ -43,12 +43,9 @@ def test_ips_iips_rips_equal_obp_slate_estimators(obp_logs):
     feedback, eval_logits, theirs = obp_logs
     data = from_obp_slate(feedback)
     logits = jnp.asarray(eval_logits, jnp.float32)
-    args = (logits, data.ranking, data.reward)
-    ours = {
-        "ips": oe.ips_terms(*args, data.log_pi0_prefix, data.position_weight),
-        "iips": oe.iips_terms(*args, data.log_pi0_position_marginal, data.position_weight),
-        "rips": oe.rips_terms(*args, data.log_pi0_prefix, data.position_weight),
-    }
+    target = oe.Propensities(pl.prefix_log_probs(logits, data.ranking),
+                             jnp.log(pl.exact_slot_marginals(logits, data.ranking)))
+    ours = {name: oe.get(name).terms(target, data).value for name in ("ips", "iips", "rips")}
     common = dict(slate_id=feedback["slate_id"], reward=feedback["reward"], position=feedback["position"])
     want = {
         "ips": obp_ope.SlateStandardIPS(len_list=3).estimate_policy_value(

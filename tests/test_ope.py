@@ -11,9 +11,9 @@ import pytest
 
 from opl_rank import make_key
 from opl_rank import ope
-from opl_rank.learners import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.optimization import TrainConfig
-from opl_rank.policies import ActionScorer
+from opl_rank.scorers import ActionScorer
 from opl_rank.reward_models import fit_reward_model
 from simulators import SyntheticRankingEnv
 
@@ -64,9 +64,13 @@ def test_topk_is_dr_at_kL_and_dm_plus_mean_residual_at_k0(setting):
 def test_two_stage_position_marginals_enumerated_equal_monte_carlo(setting):
     _, data, _, policies, _ = setting
     sub = data.take(np.arange(400))
-    exact = ope.target_propensities(policies["two_stage"], sub, make_key(7))
-    mc = ope.target_propensities(policies["two_stage"], sub, make_key(7), n_samples=4000, max_enumerated=0)
-    assert exact.slot_exact and not mc.slot_exact
+    two_stage = policies["two_stage"]
+    exact = two_stage.propensities(sub, make_key(7), slot_marginals=True)
+    sampled = dataclasses.replace(two_stage, n_samples=4000, max_enumerated=0)
+    mc = sampled.propensities(sub, make_key(7), slot_marginals=True)
+    assert not np.array_equal(np.asarray(mc.log_slot), np.asarray(exact.log_slot))  # really sampled
+    with pytest.raises(ValueError, match="need a PRNG key"):
+        sampled.propensities(sub, None, slot_marginals=True)
     np.testing.assert_allclose(np.exp(np.asarray(mc.log_slot)), np.exp(np.asarray(exact.log_slot)), atol=0.03)
     # Prefix propensities: the first stage's PL, then the completion indicator.
     p = np.exp(np.asarray(exact.log_prefix))
@@ -93,8 +97,8 @@ def test_bad_arguments(setting):
         ope.evaluate(policies["pl"], data, make_key(0), estimators=("topk",), reward_model=model)
     with pytest.raises(ValueError, match="iips needs"):
         ope.evaluate(policies["pl"], dataclasses.replace(data, log_pi0_position_marginal=None), make_key(0), estimators=("iips",))
-    with pytest.raises(TypeError, match="policy must be"):
-        ope.target_propensities(object(), data, make_key(0))
+    with pytest.raises(TypeError, match="policy must be a RankingPolicy"):
+        ope.evaluate(object(), data, make_key(0), estimators=("ips",))
 
 
 def test_select_k_returns_the_best_estimate_and_validates(setting):
@@ -109,7 +113,7 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
     assert chosen.k == max(chosen.table, key=lambda row: row["value"])["k"]
     with pytest.raises(ValueError, match="needs an 'rpod'"):
         select_k(data, make_key(0), LearnerConfig("ips"))
-    with pytest.raises(ValueError, match="estimator must be"):
+    with pytest.raises(ValueError, match="unknown estimator 'magic'"):
         select_k(data, make_key(0), config, estimator="magic")
     with pytest.raises(ValueError, match="ks must be ints"):
         select_k(data, make_key(0), config, ks=(0, 7))

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import make_key
+from opl_rank import LoggedData, make_key
 from opl_rank import opl_estimators as oe
 from opl_rank import plackett_luce as pl
+from opl_rank.policies import PLPolicy
 from simulators import SyntheticRankingEnv
 
 D, L, M_CONTEXTS, N_ROWS, N_DATASETS = 5, 3, 4, 64, 1500
@@ -75,16 +76,37 @@ def _max_z(lam, grads):
     return float((np.abs(grads.mean(0) - exact) / (se + 1e-6)).max())
 
 
+class _GivenLogits:
+    """A scorer whose parameters are the logits themselves: PLPolicy(_GivenLogits(), th, K)."""
+
+    def apply(self, params, context):
+        return params
+
+
+def _batch(ranking, reward, lp0, lm0, alpha):
+    """The logged rows as LoggedData (inside jit/vmap: not validated)."""
+    return LoggedData(context=jnp.zeros((ranking.shape[0], 1)), ranking=ranking, reward=reward, log_pi0_prefix=lp0,
+                      position_weight=alpha, n_items=D, log_pi0_position_marginal=lm0)
+
+
+def _terms(name, th, ranking, reward, lp0, lm0, alpha, *, slots=L, model=None, k=None, **options):
+    """The registered estimator's per-round values for a PL target with logits ``th``."""
+    batch = _batch(ranking, reward, lp0, lm0, alpha)
+    entry = oe.get(name)
+    target = PLPolicy(_GivenLogits(), th, slots).propensities(batch, slot_marginals=entry.needs_position_marginals)
+    return entry.terms(target, batch, model=model, k=k, **options).value
+
+
 def _ips(th, j, ranking, reward, lp0, lm0, alpha, key):
-    return oe.ips_terms(th, ranking, reward, lp0, alpha)
+    return _terms("ips", th, ranking, reward, lp0, lm0, alpha)
 
 
 def _rips(th, j, ranking, reward, lp0, lm0, alpha, key):
-    return oe.rips_terms(th, ranking, reward, lp0, alpha)
+    return _terms("rips", th, ranking, reward, lp0, lm0, alpha)
 
 
 def _iips(th, j, ranking, reward, lp0, lm0, alpha, key):
-    return oe.iips_terms(th, ranking, reward, lm0, alpha)
+    return _terms("iips", th, ranking, reward, lp0, lm0, alpha)
 
 
 def _wrong_item_values(j):
@@ -96,8 +118,8 @@ def _wrong_item_values(j):
 def _dr(th, j, ranking, reward, lp0, lm0, alpha, key):
     g = _wrong_item_values(j)  # [n, D]
     f_logged = jnp.sum(jnp.take_along_axis(g, ranking, axis=-1) * alpha[None, :], axis=-1)
-    model = oe.additive_model_value(th, g, alpha, key, 8)
-    return oe.dr_terms(th, ranking, reward, lp0, alpha, f_logged, model)
+    model = oe.ModelTerms(f_logged, oe.additive_model_value(th, g, alpha, key, 8))
+    return _terms("dr", th, ranking, reward, lp0, lm0, alpha, model=model)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +179,8 @@ def _rpod(k, f_values):
         else:
             value_fn = lambda prefixes: f_values[j[None, :], completion[j[None, :], code(prefixes)]]
             second = oe.ranking_model_value(th, value_fn, k, key, 8)
-        return oe.rpod_terms(th, ranking, reward, lp0, alpha, k, f_logged, second)
+        return _terms("topk", th, ranking, reward, lp0, lm0, alpha, slots=max(k, 1), k=k,
+                      model=oe.ModelTerms(f_logged, second))
 
     return make_terms
 
@@ -209,10 +232,11 @@ def test_rpod_k_zero_has_no_gradient_and_rejects_bad_k():
     _, _, _, value_all = _problem(0.5)
     grads = _estimator_gradients(0.5, _rpod(0, value_all))
     assert np.all(grads == 0.0)
-    args = (jnp.zeros((2, D)), jnp.zeros((2, L), jnp.int32), jnp.zeros((2, L)), jnp.zeros((2, L)), jnp.ones(L))
-    for bad in (-1, L + 1, 1.5):
+    ranking = jnp.tile(jnp.arange(L, dtype=jnp.int32), (2, 1))
+    args = (jnp.zeros((2, D)), ranking, jnp.zeros((2, L)), jnp.full((2, L), -1.0), jnp.full((2, L), -1.0), jnp.ones(L))
+    for bad in (-1, L + 1, 1.5, True):
         with pytest.raises(ValueError, match="k must be an int in"):
-            oe.rpod_terms(*args, bad, jnp.zeros(2), jnp.zeros(2))
+            _terms("topk", *args, k=bad, model=oe.ModelTerms(jnp.zeros(2), jnp.zeros(2)))
 
 
 def test_values_are_unbiased_ope_estimates():
@@ -241,7 +265,8 @@ def test_weight_clipping_bounds_the_weights():
     env, x, theta, _ = _problem(0.5)
     j, ranking, reward, lp0, _ = _logged(env, x, make_key(12))
     big = theta[j] * 20.0
-    clipped = oe.ips_terms(big, ranking, jnp.ones_like(reward), lp0, env.position_weight, max_log_weight=jnp.log(5.0))
-    assert float(jnp.max(clipped)) <= 5.0 * float(jnp.sum(env.position_weight)) + 1e-4
-    g = jax.grad(lambda th: jnp.mean(oe.ips_terms(th, ranking, reward, lp0, env.position_weight, max_log_weight=2.0)))(big)
+    alpha = env.position_weight
+    clipped = _terms("ips", big, ranking, jnp.ones_like(reward), lp0, lp0, alpha, max_log_weight=jnp.log(5.0))
+    assert float(jnp.max(clipped)) <= 5.0 * float(jnp.sum(alpha)) + 1e-4
+    g = jax.grad(lambda th: jnp.mean(_terms("ips", th, ranking, reward, lp0, lp0, alpha, max_log_weight=2.0)))(big)
     assert bool(jnp.all(jnp.isfinite(g)))

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,8 +12,7 @@ from opl_rank.pairwise import unbiased_pairwise_loss
 from opl_rank.pairwise_training import PairwiseTrainConfig, train_pairwise_ranker
 from simulators.clicks import ClickModel, simulate_click_logs
 
-CONFIG = "experiments/configs/pairwise_yahoo.yaml"
-YAHOO = os.path.join("experiments", "configs", "../../../shared/data/lightgbm_yahoo_sample/lightgbm_yahoo_sample.txt")
+CONFIG = "experiments/configs/pairwise_yahoo.yaml"  # data: dataset:yahoo_sample (shipped in simulators/data)
 
 
 def test_debiased_training_recovers_the_relevance_order_that_clicks_hide():
@@ -68,7 +66,6 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     assert len(no_valid.history) == config.epochs and "valid_loss" not in no_valid.history[0]
 
 
-@pytest.mark.skipif(not os.path.exists(YAHOO), reason="the shared Yahoo sample is not next to the repository")
 def test_pairwise_command_writes_tables_and_resumes(tmp_path, capsys):
     out = tmp_path / "pw"
     args = ["pairwise", "--config", CONFIG, "--set", "seeds=0", "--set", "browsing=continuous", "--set", "truncation=10",

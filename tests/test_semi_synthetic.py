@@ -1,6 +1,4 @@
-"""The semi-synthetic environment on the real Yahoo! LTR sample."""
-
-import os
+"""The semi-synthetic environment on the real Yahoo! LTR sample (shipped in simulators/data)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +8,11 @@ import pytest
 from opl_rank import make_key
 from opl_rank.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
+from simulators import datasets
 from simulators.letor import load_letor
 from simulators.semi_synthetic import SemiSyntheticEnv
 
-YAHOO = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "lightgbm_yahoo_sample", "lightgbm_yahoo_sample.txt")
-pytestmark = pytest.mark.skipif(not os.path.exists(YAHOO), reason=f"the shared Yahoo sample is not at {YAHOO}")
+YAHOO = datasets.path("yahoo_sample")
 
 
 @pytest.fixture(scope="module")

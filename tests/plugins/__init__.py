@@ -1,0 +1,1 @@
+"""Extensions defined outside the package, as a user would write them (registered on import)."""
