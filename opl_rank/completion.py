@@ -6,7 +6,7 @@ The value of a ranking ``a`` (length L) is
 
 with item values ``g`` ``[.., n, D]``, a zero-diagonal interaction ``V`` ``[D, D]`` and
 position weights ``alpha`` ``[L]``. It is both the pairwise reward model f_hat and the
-synthetic environment's true expected reward (``g = theta x + b``, ``V = lambda W``), so
+synthetic environment's true expected reward (``g = theta_a^T x + b_a``, the item coefficients ``theta``, ``V = lambda W``), so
 the second stage and the environment's optimum V* share this code.
 
 For a prefix ``p`` (length k) and a tail ``t``, ``f = const(p) + sum_j U[t_j, j] +

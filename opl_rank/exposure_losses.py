@@ -1,11 +1,11 @@
 """Exposure-based ranking losses (Oosterhuis, "exposure-based RL to rank", section 3.2).
 
-Every loss is a function of an exposure vector ``theta [.., D]``, where ``theta_d`` is the
+Every loss is a function of an exposure vector ``E [.., D]``, where ``E_d`` is the
 expected position weight of document ``d`` under a ranking policy (Eq. 4), so it composes
 with any exposure estimator (exact marginals, Monte-Carlo, the exposure-based policy
 gradient): the losses only see arrays. The last axis is documents (``D``), leading axes
 are batch (queries); each loss returns one value per query, ``[..]`` float32. Average over
-queries yourself (Eq. 7: ``mean_q L(theta_q, rho_q)``).
+queries yourself (Eq. 7: ``mean_q L(E_q, rho_q)``).
 
 Masks: ``where`` is an optional bool ``[.., D]`` array, True for real documents. Masked
 entries are ignored entirely (their values may be anything, even NaN) and a loss on a row
@@ -15,7 +15,7 @@ normalisation is the number of valid documents of the row.
 Degenerate rows never give NaN: rows with fewer than two valid documents (no pairs) give 0
 for the pairwise losses; rows whose relevance (resp. target exposure) sums to 0 give 0 for
 the KL losses; all-masked rows give 0 everywhere. Gradients w.r.t. ``exposure`` are finite,
-including at ``theta_d = 0`` (documents outside the top-K of a deterministic policy).
+including at ``E_d = 0`` (documents outside the top-K of a deterministic policy).
 
 Relevance (and target exposure) is assumed non-negative.
 """
@@ -89,12 +89,12 @@ def _kl(target: jax.Array, exposure: jax.Array, mask: jax.Array, eps: float) -> 
 def relevance_loss(
     exposure: jax.Array, relevance: jax.Array, *, where: jax.Array | None = None
 ) -> jax.Array:
-    """Traditional relevance loss, the negative utility ``-rho^T theta``.
+    """Traditional relevance loss, the negative utility ``-rho^T E``.
 
-    Eq. 7: ``L_rel(theta, rho) = -sum_d rho_d theta_d`` (Eq. 6 is the utility ``U``).
+    Eq. 7: ``L_rel(E, rho) = -sum_d rho_d E_d`` (Eq. 6 is the utility ``U``).
 
     Args:
-      exposure: ``[.., D]`` exposures theta.
+      exposure: ``[.., D]`` exposures E.
       relevance: ``[.., D]`` relevances rho.
       where: optional bool ``[.., D]``, True for real documents.
 
@@ -106,8 +106,8 @@ def relevance_loss(
       >>> float(relevance_loss(jnp.array([1.0, 0.5, 0.0]), jnp.array([1.0, 2.0, 3.0])))
       -2.0
     """
-    theta, rho, _ = _prepare(exposure, relevance, where)
-    return -jnp.sum(theta * rho, axis=-1)
+    expo, rho, _ = _prepare(exposure, relevance, where)
+    return -jnp.sum(expo * rho, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames=("eps",))
@@ -120,12 +120,12 @@ def frac_fair_loss(
 ) -> jax.Array:
     """Pairwise disparity of exposure-to-relevance ratios.
 
-    Eq. 8: ``L_frac-fair = 2/(D^2-D) sum_{i<j} (theta_i/rho_i - theta_j/rho_j)^2``.
+    Eq. 8: ``L_frac-fair = 2/(D^2-D) sum_{i<j} (E_i/rho_i - E_j/rho_j)^2``.
 
     Zero relevance makes Eq. 8 undefined; here ``eps`` is added to every relevance,
-    ``r_i = theta_i / (rho_i + eps)`` (the loss is continuous in ``rho`` and finite). A
+    ``r_i = E_i / (rho_i + eps)`` (the loss is continuous in ``rho`` and finite). A
     zero-relevance document that receives exposure therefore has a huge ratio and
-    dominates the loss (``~ theta^2 / eps^2``), pushing its exposure to 0, which is the
+    dominates the loss (``~ E^2 / eps^2``), pushing its exposure to 0, which is the
     ``rho -> 0`` limit of Eq. 8. Raise ``eps`` to soften this, or use
     :func:`prod_fair_loss`, which needs no division. With ``eps = 0`` and all
     ``rho > 0`` this is exactly Eq. 8.
@@ -135,7 +135,7 @@ def frac_fair_loss(
     ``2/(D-1) sum_i (r_i - mean(r))^2``. Rows with ``D < 2`` valid documents give 0.
 
     Args:
-      exposure: ``[.., D]`` exposures theta.
+      exposure: ``[.., D]`` exposures E.
       relevance: ``[.., D]`` relevances rho ``>= 0``.
       where: optional bool ``[.., D]``, True for real documents.
       eps: added to ``rho`` in the denominator (static).
@@ -149,8 +149,8 @@ def frac_fair_loss(
       >>> round(float(frac_fair_loss(jnp.array([1.0, 1.0, 0.0]), jnp.array([1.0, 2.0, 3.0]))), 4)
       0.5
     """
-    theta, rho, mask = _prepare(exposure, relevance, where)
-    ratio = jnp.where(mask, theta / jnp.where(mask, rho + eps, 1.0), 0.0)
+    expo, rho, mask = _prepare(exposure, relevance, where)
+    ratio = jnp.where(mask, expo / jnp.where(mask, rho + eps, 1.0), 0.0)
     n = jnp.sum(mask, axis=-1, keepdims=True, dtype=jnp.float32)
     mean = jnp.sum(ratio, axis=-1, keepdims=True) / jnp.maximum(n, 1.0)
     centred = jnp.where(mask, ratio - mean, 0.0)
@@ -164,18 +164,18 @@ def prod_fair_loss(
 ) -> jax.Array:
     """Pairwise disparity of cross products of exposure and relevance (division-free).
 
-    Eq. 9: ``L_prod-fair = 2/(D^2-D) sum_{i<j} (theta_i rho_j - theta_j rho_i)^2``.
+    Eq. 9: ``L_prod-fair = 2/(D^2-D) sum_{i<j} (E_i rho_j - E_j rho_i)^2``.
 
     The pairwise sum is computed in O(D). Lagrange's identity
     ``sum_{i<j} (a_i b_j - a_j b_i)^2 = |a|^2 |b|^2 - (a.b)^2`` cancels catastrophically
-    near the optimum ``theta ~ rho`` (float32 relative errors of 1e-2 .. 1e2 at
+    near the optimum ``E ~ rho`` (float32 relative errors of 1e-2 .. 1e2 at
     realistic magnitudes), so the equivalent projection form is used:
-    ``|rho|^2 |theta - (rho.theta / |rho|^2) rho|^2`` (the squared residual is summed,
+    ``|rho|^2 |E - (rho.E / |rho|^2) rho|^2`` (the squared residual is summed,
     never differenced), which is as accurate as the O(D^2) double sum. Rows with
     ``D < 2`` valid documents or with all ``rho = 0`` give 0.
 
     Args:
-      exposure: ``[.., D]`` exposures theta.
+      exposure: ``[.., D]`` exposures E.
       relevance: ``[.., D]`` relevances rho.
       where: optional bool ``[.., D]``, True for real documents.
 
@@ -188,11 +188,11 @@ def prod_fair_loss(
       >>> round(float(prod_fair_loss(jnp.array([1.0, 0.0, 0.0]), jnp.array([1.0, 2.0, 3.0]))), 4)
       4.3333
     """
-    theta, rho, mask = _prepare(exposure, relevance, where)
+    expo, rho, mask = _prepare(exposure, relevance, where)
     rho_sq = jnp.sum(rho * rho, axis=-1, keepdims=True)
     has_rho = rho_sq > 0.0
-    coef = jnp.sum(rho * theta, axis=-1, keepdims=True) / jnp.where(has_rho, rho_sq, 1.0)
-    residual = theta - coef * rho  # masked entries: 0 - c * 0 = 0
+    coef = jnp.sum(rho * expo, axis=-1, keepdims=True) / jnp.where(has_rho, rho_sq, 1.0)
+    residual = expo - coef * rho  # masked entries: 0 - c * 0 = 0
     pair_sum = jnp.where(has_rho, rho_sq, 0.0)[..., 0] * jnp.sum(residual * residual, axis=-1)
     return _pair_normaliser(mask) * pair_sum
 
@@ -207,19 +207,19 @@ def kl_fair_loss(
 ) -> jax.Array:
     """KL divergence from the normalised relevance to the normalised exposure.
 
-    Eq. 11 with Eq. 10 (``theta' = theta/||theta||_1``, ``rho' = rho/||rho||_1``):
-    ``L_KL-fair = -sum_i rho'_i log(theta'_i / rho'_i)``.
+    Eq. 11 with Eq. 10 (``E' = E/||E||_1``, ``rho' = rho/||rho||_1``):
+    ``L_KL-fair = -sum_i rho'_i log(E'_i / rho'_i)``.
 
     Terms with ``rho'_i = 0`` contribute 0 (``0 log 0 = 0``). ``eps`` is added inside
-    the log to both normalised vectors, ``log((theta'_i + eps) / (rho'_i + eps))``, so the
-    loss and its gradient w.r.t. ``exposure`` stay finite where ``theta_i = 0`` (the log's
-    derivative is at most ``1/eps``), and the loss is 0 at ``theta' = rho'`` (up to
+    the log to both normalised vectors, ``log((E'_i + eps) / (rho'_i + eps))``, so the
+    loss and its gradient w.r.t. ``exposure`` stay finite where ``E_i = 0`` (the log's
+    derivative is at most ``1/eps``), and the loss is 0 at ``E' = rho'`` (up to
     float32 rounding). It is invariant to scaling ``exposure`` or ``relevance`` by a
     positive constant. Rows whose relevance sums to 0 give 0; an all-zero exposure row is
-    treated as ``theta' = 0`` (finite loss ``~ -log eps``, zero gradient).
+    treated as ``E' = 0`` (finite loss ``~ -log eps``, zero gradient).
 
     Args:
-      exposure: ``[.., D]`` exposures theta ``>= 0``.
+      exposure: ``[.., D]`` exposures E ``>= 0``.
       relevance: ``[.., D]`` relevances rho ``>= 0``.
       where: optional bool ``[.., D]``, True for real documents.
       eps: smoothing inside the log (static).
@@ -229,13 +229,13 @@ def kl_fair_loss(
 
     Examples:
       >>> import jax.numpy as jnp
-      >>> theta, rho = jnp.array([3.0, 1.0, 0.5]), jnp.array([1.0, 1.0, 0.0])
-      >>> # rho' = (1/2, 1/2, 0), theta' = (2/3, 2/9, 1/9): 0.5 log(3/4) + 0.5 log(9/4)
-      >>> round(float(kl_fair_loss(theta, rho, eps=0.0)), 4)
+      >>> expo, rho = jnp.array([3.0, 1.0, 0.5]), jnp.array([1.0, 1.0, 0.0])
+      >>> # rho' = (1/2, 1/2, 0), E' = (2/3, 2/9, 1/9): 0.5 log(3/4) + 0.5 log(9/4)
+      >>> round(float(kl_fair_loss(expo, rho, eps=0.0)), 4)
       0.2616
     """
-    theta, rho, mask = _prepare(exposure, relevance, where)
-    return _kl(rho, theta, mask, eps)
+    expo, rho, mask = _prepare(exposure, relevance, where)
+    return _kl(rho, expo, mask, eps)
 
 
 @functools.partial(jax.jit, static_argnames=("eps",))
@@ -248,16 +248,16 @@ def kl_distill_loss(
 ) -> jax.Array:
     """KL divergence from a target (teacher) exposure distribution to the exposure.
 
-    Eq. 12 with Eq. 10: ``L_KL-distill = -sum_i theta*'_i log(theta'_i / theta*'_i)``.
+    Eq. 12 with Eq. 10: ``L_KL-distill = -sum_i E*'_i log(E'_i / E*'_i)``.
 
-    Same conventions as :func:`kl_fair_loss` with ``rho`` replaced by ``theta*``:
+    Same conventions as :func:`kl_fair_loss` with ``rho`` replaced by ``E*``:
     documents with zero target exposure (e.g. outside the teacher's top-K) contribute 0,
     ``eps`` smooths the log, the loss is 0 when ``exposure`` is proportional to
     ``target_exposure``, and rows whose target sums to 0 give 0.
 
     Args:
-      exposure: ``[.., D]`` exposures theta ``>= 0``.
-      target_exposure: ``[.., D]`` target exposures theta* ``>= 0``.
+      exposure: ``[.., D]`` exposures E ``>= 0``.
+      target_exposure: ``[.., D]`` target exposures E* ``>= 0``.
       where: optional bool ``[.., D]``, True for real documents.
       eps: smoothing inside the log (static).
 
@@ -272,5 +272,5 @@ def kl_distill_loss(
       >>> round(float(kl_distill_loss(jnp.array([1.0, 1.0, 1.0, 1.0]), target)), 4)
       0.3308
     """
-    theta, target, mask = _prepare(exposure, target_exposure, where)
-    return _kl(target, theta, mask, eps)
+    expo, target, mask = _prepare(exposure, target_exposure, where)
+    return _kl(target, expo, mask, eps)

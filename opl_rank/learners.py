@@ -1,6 +1,6 @@
 """Off-policy learners for ranking: ``fit(data, key, config) -> policy``.
 
-Methods (R-POD paper, docs/maths.md §1):
+Methods (R-POD paper, docs/maths.md §1.10-1.24):
   <estimator>   any policy-gradient estimator of the registry
                 :data:`opl_rank.opl_estimators.ESTIMATORS` that does not take R-POD's k
                 (built in: ips, snips, dr, dm, iips, rips; and any a user registers): a PL
@@ -164,10 +164,15 @@ def _surrogate(plan: _Plan) -> Callable:
             logits = policy.logits(batch.context)
             if k == plan.n_slots and reward_model.kind == "additive":
                 policy_value = opl_estimators.additive_model_value(
-                    logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples)
+                    logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples,
+                    where=batch.item_mask)
             else:
-                value_fn = lambda prefixes: reward_model.predict(batch.context, reward_model.complete(batch.context, prefixes))
-                policy_value = opl_estimators.ranking_model_value(logits, value_fn, k, key, config.n_samples)
+                def value_fn(prefixes):
+                    completed = reward_model.complete(batch.context, prefixes, where=batch.item_mask)
+                    return reward_model.predict(batch.context, completed)
+
+                policy_value = opl_estimators.ranking_model_value(logits, value_fn, k, key, config.n_samples,
+                                                                  where=batch.item_mask)
             model = ModelTerms(reward_model.predict(batch.context, batch.ranking), policy_value)
         terms = entry.terms(target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight)
         return -estimate(terms)

@@ -8,7 +8,7 @@ on that row with the masked documents dropped. Labels are assumed non-negative.
 ``dcg_at_k`` and ``ndcg_at_k`` share one function compiled per (shapes, ``k``, ``gain``);
 inside ``jit`` pass ``k`` and ``gain`` as static Python values.
 
-Position weights ``theta_k`` (``[K]`` float32, position ``k = 1..K`` first) plug into the
+Position weights ``alpha_k`` (``[K]`` float32, position ``k = 1..K`` first) plug into the
 exposure estimators and the exposure-based losses (Eq. 4 of the exposure-based RL paper).
 """
 
@@ -37,10 +37,10 @@ _GAINS = ("exp2", "linear")
 
 
 def precision_weights(k: int) -> jax.Array:
-    """Precision@k position weights ``theta_l = 1/k`` for ``l = 1..k``.
+    """Precision@k position weights ``alpha_l = 1/k`` for ``l = 1..k``.
 
-    With these weights ``sum_l theta_l rho_{y_l}`` is precision@k of ranking ``y`` for
-    binary relevance ``rho`` (and Eq. 6's ``rho^T theta`` its expectation).
+    With these weights ``sum_l alpha_l rho_{y_l}`` is precision@k of ranking ``y`` for
+    binary relevance ``rho`` (and Eq. 6's ``rho^T E`` its expectation).
 
     Args:
       k: number of positions (``>= 1``).
@@ -126,7 +126,7 @@ def dcg_at_k(
     ``DCG@k = sum_{r=1}^{min(k, D)} g(label_{y_r}) / log2(r + 1)`` with gain
     ``g(l) = 2^l - 1`` (``gain="exp2"``, the LETOR convention) or ``g(l) = l``
     (``gain="linear"``, scikit-learn's ``dcg_score``), i.e. the DCG position weights
-    (:func:`dcg_weights`, the ``theta_k`` of Eq. 2) applied to the ranked gains.
+    (:func:`dcg_weights`, the ``alpha_k`` of Eq. 2) applied to the ranked gains.
 
     Ranking: masked documents are placed after all real ones; equal scores are broken by
     document index (lower index ranked first); NaN scores rank as ``-inf``. ``k`` may

@@ -43,13 +43,16 @@ class OPEResult:
     max_weight: float
 
 
-def model_values(policy: Any, reward_model: Any, context: jax.Array, key: jax.Array, *, n_samples: int = 256) -> jax.Array:
+def model_values(
+    policy: Any, reward_model: Any, context: jax.Array, key: jax.Array, *, n_samples: int = 256, where: jax.Array | None = None
+) -> jax.Array:
     """``E_{a ~ pi}[f_hat(x, a)]`` per row ``[n]``: exact for deterministic policies, a
-    Monte Carlo mean over ``n_samples`` rankings for stochastic ones."""
+    Monte Carlo mean over ``n_samples`` rankings for stochastic ones (of the candidates
+    ``where`` allows)."""
     if policy.deterministic:
-        return reward_model.predict(context, policy.sample(None, context))
+        return reward_model.predict(context, policy.sample(None, context, where=where))
     keys = jax.random.split(key, n_samples)
-    rankings = jax.vmap(lambda k: policy.sample(k, context))(keys)  # [N, n, L]
+    rankings = jax.vmap(lambda k: policy.sample(k, context, where=where))(keys)  # [N, n, L]
     return jnp.mean(reward_model.predict(context, rankings), axis=0)
 
 
@@ -131,7 +134,8 @@ def evaluate(
     model = None
     if reward_model is not None:
         model = ModelTerms(reward_model.predict(data.context, data.ranking),
-                           model_values(policy, reward_model, data.context, k_model, n_samples=n_samples))
+                           model_values(policy, reward_model, data.context, k_model, n_samples=n_samples,
+                                        where=data.item_mask))
     z = NormalDist().inv_cdf(0.5 + level / 2)
     results = {}
     for i, (name, entry) in enumerate(entries.items()):

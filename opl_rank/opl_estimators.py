@@ -11,7 +11,7 @@ logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` for estimators that need a rewar
 The returned :attr:`Terms.value` ``[n]`` are in "magic box" form: their values are the
 per-round estimates (the estimate is their mean, or ``sum(value) / sum(normalizer)`` for a
 self-normalised estimator) and, when ``target`` depends on a policy's parameters, the
-gradient of that estimate is the estimator's policy gradient (docs/maths.md §2).
+gradient of that estimate is the estimator's policy gradient (docs/maths.md §2.2; the estimators: §1.10-1.19).
 
 Registered estimators (``R = sum_l alpha_l r_l``, ``w = pi(a | x) / pi_0(a | x)``):
 

@@ -1,4 +1,4 @@
-"""The unbiased pairwise loss of the pairwise-debiasing paper (NOTES section 3).
+"""The unbiased pairwise loss of the pairwise-debiasing paper (docs/maths.md §3.3-3.5).
 
 A pairwise loss sums, over item pairs ``(i, j)`` of a list, four functions of the two
 scores picked by the pair's type ``s(b_i, b_j)`` (one-hot over (1,1), (1,0), (0,1), (0,0)):

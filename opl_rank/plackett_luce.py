@@ -11,7 +11,7 @@ valid one. When a row has fewer valid items than ``L``, the trailing slots hold 
 (padding) items; such a slot contributes probability 1 (log-probability 0) to the prefix
 probability, and its placement row is all ``-inf``.
 
-PL model with scores s (NOTES section 1):
+PL model with scores s (docs/maths.md §1.4):
     pi(a | x) = prod_{l=1..L} exp(s(a_l)) / sum_{d not in a_{1:l-1}} exp(s(d)).
 """
 
@@ -47,7 +47,7 @@ __all__ = [
 
 _NEG_INF = -jnp.inf
 # Above this many items a sort-based top-L (lax.top_k) beats an L-step argmax loop on CPU
-# (PERFORMANCE_NOTES: top_k is slow for small D).
+# (docs/performance.md §3: top_k is slow for small D).
 _ARGMAX_LOOP_MAX_D = 16
 
 
@@ -177,7 +177,8 @@ def slot_log_probs(
       where: optional bool ``[.., D]`` mask.
 
     Returns:
-      float32 ``[.., L]``, ``<= 0``; 0 at padding slots.
+      float32 ``[.., L]``, ``<= 0``; 0 at padding slots (an invalid item after every valid
+      one is placed), ``-inf`` where an invalid item is ranked while a valid one remains.
     """
     logits = logits.astype(jnp.float32)
     rankings = rankings.astype(jnp.int32)
@@ -200,7 +201,12 @@ def slot_log_probs(
     rest_log_sum = safe_logsumexp(rest - rest_max_safe, axis=-1)[..., None]
     rest_term = jnp.where(has_rest, rest_max_safe - ranked_safe + rest_log_sum, _NEG_INF)
     log_z_minus_s = _safe_logaddexp(ranked_term, rest_term)
-    return jnp.where(slot_valid, jnp.minimum(-jnp.where(slot_valid, log_z_minus_s, 0.0), 0.0), 0.0)
+    # An invalid item is padding (probability 1) only once every valid item is placed;
+    # ranked while a valid one is still available it is impossible (probability 0).
+    placed = slot_valid.astype(jnp.int32)
+    padding = jnp.cumsum(placed, axis=-1) - placed >= jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
+    invalid = jnp.where(padding, 0.0, _NEG_INF)
+    return jnp.where(slot_valid, jnp.minimum(-jnp.where(slot_valid, log_z_minus_s, 0.0), 0.0), invalid)
 
 
 def prefix_log_probs(

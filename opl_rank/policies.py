@@ -38,10 +38,10 @@ class RankingPolicy(Protocol):
     n_slots: int
     deterministic: bool
 
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        """``[n, dx] -> [n, L]`` int32 rankings."""
+    def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """``[n, dx] -> [n, L]`` int32 rankings of the candidates ``where`` (bool ``[n, D]``) allows."""
 
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
+    def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """``[n, dx], [n, L] -> [n]`` log pi(a | x) (``-inf`` off a deterministic policy's support)."""
 
     def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
@@ -75,11 +75,11 @@ class PLPolicy:
         """``[n, dx] -> [n, D]``."""
         return self.module.apply(self.params, context)
 
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        return pl.sample_rankings(key, self.logits(context), self.n_slots)
+    def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        return pl.sample_rankings(key, self.logits(context), self.n_slots, where=where)
 
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots])[..., -1]
+    def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots], where=where)[..., -1]
 
     def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
@@ -108,17 +108,17 @@ class RegressionPolicy:
     def n_slots(self) -> int:
         return self.reward_model.n_slots
 
-    def sample(self, key: jax.Array | None, context: jax.Array) -> jax.Array:
+    def sample(self, key: jax.Array | None, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         empty = jnp.zeros((context.shape[0], 0), jnp.int32)
-        return self.reward_model.complete(context, empty)
+        return self.reward_model.complete(context, empty, where=where)
 
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        same = jnp.all(self.sample(None, context) == rankings, axis=-1)
+    def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        same = jnp.all(self.sample(None, context, where=where) == rankings, axis=-1)
         return jnp.where(same, 0.0, -jnp.inf)
 
     def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
         """Indicators: ``log pi(a_{1:l}) = 0`` while the logged prefix is the argmax's, else ``-inf``."""
-        same = data.ranking == self.sample(None, data.context)
+        same = data.ranking == self.sample(None, data.context, where=data.item_mask)
         log_slot = _log_indicator(same) if slot_marginals else None
         return Propensities(_log_indicator(jnp.cumprod(same, axis=-1) > 0), log_slot)
 
@@ -148,13 +148,13 @@ class TwoStagePolicy:
     def k(self) -> int:
         return self.first_stage.n_slots
 
-    def sample(self, key: jax.Array, context: jax.Array) -> jax.Array:
-        return self.reward_model.complete(context, self.first_stage.sample(key, context))
+    def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        return self.reward_model.complete(context, self.first_stage.sample(key, context, where=where), where=where)
 
-    def log_prob(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        completed = self.reward_model.complete(context, rankings[..., : self.k])
+    def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        completed = self.reward_model.complete(context, rankings[..., : self.k], where=where)
         same = jnp.all(completed == rankings, axis=-1)
-        return jnp.where(same, self.first_stage.log_prob(context, rankings), -jnp.inf)
+        return jnp.where(same, self.first_stage.log_prob(context, rankings, where=where), -jnp.inf)
 
     def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
         """PL prefix probabilities up to k times the indicator that the second stage
@@ -164,10 +164,10 @@ class TwoStagePolicy:
         exact by enumeration when there are at most ``max_enumerated``, else a Monte Carlo
         mean over ``n_samples`` prefixes drawn with ``key``.
         """
-        k, context, ranking = self.k, data.context, data.ranking
+        k, context, ranking, where = self.k, data.context, data.ranking, data.item_mask
         first = self.first_stage.propensities(data, slot_marginals=slot_marginals)
         head = first.log_prefix  # [n, k]
-        completed = self.reward_model.complete(context, ranking[:, :k])
+        completed = self.reward_model.complete(context, ranking[:, :k], where=where)
         tail_match = jnp.cumprod(completed[:, k:] == ranking[:, k:], axis=-1) > 0
         log_prefix = jnp.concatenate([head, head[:, -1:] + _log_indicator(tail_match)], axis=-1)
         if not slot_marginals:
@@ -176,12 +176,13 @@ class TwoStagePolicy:
         n_prefixes = math.perm(data.n_items, k)
         if n_prefixes <= self.max_enumerated:
             prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(data.n_items, k))[:, None, :], (n_prefixes,) + head.shape)
-            weight = jnp.exp(pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes)[..., -1])
+            mask = None if where is None else jnp.broadcast_to(where, (n_prefixes,) + where.shape)
+            weight = jnp.exp(pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes, where=mask)[..., -1])
         else:
             if key is None:
                 raise ValueError("Monte Carlo slot marginals of a two-stage policy need a PRNG key")
-            prefixes = pl.sample_rankings(key, logits, k, n_samples=self.n_samples)  # [N, n, k]
+            prefixes = pl.sample_rankings(key, logits, k, where=where, n_samples=self.n_samples)  # [N, n, k]
             weight = jnp.full(prefixes.shape[:2], 1.0 / self.n_samples)
-        tails = self.reward_model.complete(context, prefixes)[..., k:]  # [P, n, L-k]
+        tails = self.reward_model.complete(context, prefixes, where=where)[..., k:]  # [P, n, L-k]
         beyond = jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
         return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))

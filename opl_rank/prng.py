@@ -1,6 +1,6 @@
 """PRNG keys: integer seeds become keys only at entry points.
 
-Measured on the 2-core CPU machines (PERFORMANCE_NOTES): the default threefry key draws
+Measured on the 2-core CPU machines (docs/performance.md §3): the default threefry key draws
 ~0.04 G uniforms/s, philox2x32 ~0.2 G/s; Gumbel top-L sampling is RNG-bound, so entry
 points use philox by default. Every library function takes whatever key it is given.
 """

@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 _TWO_STEP = "-two-step"
+# f_hat's item value of an excluded candidate (finite: the completion's sums stay finite).
+_EXCLUDED_VALUE = -1e9
 REWARD_MODEL_KINDS = ("additive", "pairwise", "additive" + _TWO_STEP, "pairwise" + _TWO_STEP)
 
 
@@ -128,12 +130,14 @@ class RewardModel:
         """``g(x, d)`` ``[n, D]`` (the whole model when ``kind == "additive"``)."""
         return self.module.apply(self.params, context, method=_SlotValues.item_values)
 
-    def complete(self, context: jax.Array, prefixes: jax.Array) -> jax.Array:
+    def complete(self, context: jax.Array, prefixes: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """Second stage (Eq. 13): the best completion of each prefix under f_hat.
 
         Args:
           context: ``[n, dx]``.
           prefixes: int ``[.., n, k]`` with ``0 <= k <= L``.
+          where: optional bool ``[n, D]``: only these candidates complete a prefix (while a
+            row has enough of them).
 
         Returns:
           int ``[.., n, L]``: the prefix followed by ``argmax_{a'} f_hat(x, (prefix, a'))``
@@ -148,7 +152,10 @@ class RewardModel:
         if k < self.module.prefix_slots:
             raise ValueError(f"a two-step f_hat fitted for k={self.module.prefix_slots} completes prefixes of length "
                              f">= {self.module.prefix_slots}, got {k}")
-        g = jnp.broadcast_to(self.item_values(context), prefixes.shape[:-1] + (n_items,))
+        g = self.item_values(context)
+        if where is not None:  # excluded candidates lose to every real one
+            g = jnp.where(where, g, _EXCLUDED_VALUE)
+        g = jnp.broadcast_to(g, prefixes.shape[:-1] + (n_items,))
         if base_kind(self.kind) == "additive":
             taken = one_hot_sum(prefixes, n_items) > 0
             tail = jax.lax.top_k(jnp.where(taken, -jnp.inf, g), rest)[1].astype(prefixes.dtype)

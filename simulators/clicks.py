@@ -1,14 +1,14 @@
-"""Click models under the examination hypothesis (pairwise paper, NOTES section 3).
+"""Click models under the examination hypothesis (pairwise paper; docs/maths.md §3.1-3.2).
 
 A click is examination times relevance, ``c_k = e_k * r_k``. The examination probability
-of rank ``k`` (1-based) is ``theta(k) = (1 / k)^eta``. Two browsing models:
+of rank ``k`` (1-based) is ``p(k) = (1 / k)^eta``. Two browsing models:
 
-* ``"independent"``: ``e_k ~ Bernoulli(theta(k))`` independently per rank; the joint
-  examination probability of ranks ``k1 != k2`` is ``theta(k1) * theta(k2)``.
+* ``"independent"``: ``e_k ~ Bernoulli(p(k))`` independently per rank; the joint
+  examination probability of ranks ``k1 != k2`` is ``p(k1) * p(k2)``.
 * ``"continuous"``: the user reads from the top and stops after the last examined rank
-  ``d``, drawn with ``P(d = k) = theta(k) - theta(k + 1)`` (``theta(K + 1) = 0``), so
-  ``e_k = 1{k <= d}``, ``P(e_k = 1) = theta(k)`` and the joint probability of ranks
-  ``k1, k2`` is ``theta(max(k1, k2))``.
+  ``d``, drawn with ``P(d = k) = p(k) - p(k + 1)`` (``p(K + 1) = 0``), so
+  ``e_k = 1{k <= d}``, ``P(e_k = 1) = p(k)`` and the joint probability of ranks
+  ``k1, k2`` is ``p(max(k1, k2))``.
 
 Examination does not depend on relevance here (the paper allows it to; its estimator only
 needs the probabilities). :class:`ClickRewardModel` turns any environment's reward model
@@ -47,7 +47,7 @@ class ClickModel:
     Attributes:
       browsing: ``"independent"`` or ``"continuous"``.
       n_positions: ``K``, the longest list examined (ranks beyond are never examined).
-      eta: severity of the position bias, ``theta(k) = (1/k)^eta`` (>= 0; 0: no bias).
+      eta: severity of the position bias, ``p(k) = (1/k)^eta`` (>= 0; 0: no bias).
     """
 
     browsing: str
@@ -63,23 +63,23 @@ class ClickModel:
             raise ValueError(f"eta must be finite and >= 0, got {self.eta}")
 
     def examination(self) -> jax.Array:
-        """``theta(k)``, ``k = 1..K``: ``[K]`` float32 (individual examination probabilities)."""
+        """``p(k)``, ``k = 1..K``: ``[K]`` float32 (individual examination probabilities)."""
         return (1.0 / jnp.arange(1, self.n_positions + 1, dtype=jnp.float32)) ** self.eta
 
     def joint_examination(self) -> jax.Array:
-        """``P(e_k1 = 1, e_k2 = 1)``: ``[K, K]`` float32, ``theta(k)`` on the diagonal."""
-        theta = self.examination()
+        """``P(e_k1 = 1, e_k2 = 1)``: ``[K, K]`` float32, ``p(k)`` on the diagonal."""
+        exam = self.examination()
         if self.browsing == "independent":
-            joint = theta[:, None] * theta[None, :]
+            joint = exam[:, None] * exam[None, :]
         else:
-            joint = jnp.minimum(theta[:, None], theta[None, :])  # theta(max(k1, k2)): theta decreases
-        return jnp.where(jnp.eye(self.n_positions, dtype=bool), theta[:, None], joint)
+            joint = jnp.minimum(exam[:, None], exam[None, :])  # p(max(k1, k2)): p decreases
+        return jnp.where(jnp.eye(self.n_positions, dtype=bool), exam[:, None], joint)
 
     def last_examined_probs(self) -> jax.Array:
-        """Continuous browsing's ``P(d = k) = theta(k) - theta(k+1)``, ``k = 1..K``, plus
-        ``P(d = 0) = 1 - theta(1)`` first: ``[K + 1]``."""
-        theta = jnp.concatenate([jnp.ones((1,), jnp.float32), self.examination(), jnp.zeros((1,), jnp.float32)])
-        return theta[:-1] - theta[1:]
+        """Continuous browsing's ``P(d = k) = p(k) - p(k+1)``, ``k = 1..K``, plus
+        ``P(d = 0) = 1 - p(1)`` first: ``[K + 1]``."""
+        exam = jnp.concatenate([jnp.ones((1,), jnp.float32), self.examination(), jnp.zeros((1,), jnp.float32)])
+        return exam[:-1] - exam[1:]
 
     def sample_examination(self, key: jax.Array, n: int) -> jax.Array:
         """``[n, K]`` bool examination indicators of ``n`` independent lists."""
@@ -119,7 +119,7 @@ class ClickRewardModel(struct.PyTreeNode):
     model's expected reward clipped to [0, 1]. Any environment accepts it in place of its
     reward model (``dataclasses.replace(env, reward_model=ClickRewardModel(...))``): it
     offers the same ``expected_reward`` / ``sample_reward`` interface, with
-    ``E[r_l] = theta(l) * rho_l`` since examination does not depend on relevance.
+    ``E[r_l] = p(l) * rho_l`` since examination does not depend on relevance.
 
     Attributes:
       relevance: the wrapped reward model (any pytree with ``expected_reward``).
@@ -133,20 +133,20 @@ class ClickRewardModel(struct.PyTreeNode):
         """``[n, dx], [n, L] -> [n, L]`` in [0, 1]."""
         return jnp.clip(self.relevance.expected_reward(context, rankings), 0.0, 1.0)
 
-    def _theta(self, n_slots: int) -> jax.Array:
+    def _examination(self, n_slots: int) -> jax.Array:
         if n_slots > self.click_model.n_positions:
             raise ValueError(f"the click model covers {self.click_model.n_positions} positions, rankings have {n_slots}")
         return self.click_model.examination()[:n_slots]
 
     def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
-        """``theta(l) * rho_l``: ``[n, dx], [n, L] -> [n, L]``."""
-        return self._theta(rankings.shape[-1])[None, :] * self.relevance_prob(context, rankings)
+        """``p(l) * rho_l``: ``[n, dx], [n, L] -> [n, L]``."""
+        return self._examination(rankings.shape[-1])[None, :] * self.relevance_prob(context, rankings)
 
     def best_rankings(
         self, context: jax.Array, position_weight: jax.Array, *, n_items: int, max_enumerated: int = 2_000_000,
         beam_width: int = 64,
     ) -> tuple[jax.Array, str]:
-        """``argmax_a sum_l alpha_l theta(l) rho_l(x, a)``: exact by enumerating every
+        """``argmax_a sum_l alpha_l p(l) rho_l(x, a)``: exact by enumerating every
         ranking (clipping makes the value non-additive, so no shortcut is exact).
 
         Returns:
@@ -160,7 +160,7 @@ class ClickRewardModel(struct.PyTreeNode):
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Clicks as float32 ``[n, L]``."""
         n_slots = rankings.shape[-1]
-        self._theta(n_slots)
+        self._examination(n_slots)
         model = dataclasses.replace(self.click_model, n_positions=n_slots)
         clicks, _, _ = model.sample_clicks(key, self.relevance_prob(context, rankings))
         return clicks.astype(jnp.float32)
@@ -176,12 +176,12 @@ def joint_examination_from_swaps(
 
         psi(k1, k2) / psi(1, 2) = P(both clicked | kept) / P(both clicked | swapped),
 
-    and ``psi(1, 2) = theta(2)`` when rank 1 is always examined.
+    and ``psi(1, 2) = p(2)`` when rank 1 is always examined.
 
     Args:
       both_clicked_kept: ``[n1]`` bool, both items (at ranks k1, k2) clicked, no swap.
       both_clicked_swapped: ``[n2]`` bool, both items (moved to ranks 1, 2) clicked.
-      theta2: ``theta(2)`` (known or estimated).
+      theta2: ``p(2)`` (known or estimated).
 
     Returns:
       ``(estimate, standard error)`` (delta method, ``theta2`` treated as known).
@@ -214,7 +214,7 @@ def simulate_swap_intervention(
 
     Returns:
       ``(estimate, standard error)`` of :func:`joint_examination_from_swaps` with the
-      model's true ``theta(2)``.
+      model's true ``p(2)``.
     """
     if not (isinstance(k1, int) and isinstance(k2, int) and 2 < k1 < k2 <= click_model.n_positions):
         raise ValueError(f"need 2 < k1 < k2 <= K={click_model.n_positions}, got k1={k1}, k2={k2}")
@@ -242,7 +242,7 @@ class ClickLogs(NamedTuple):
       mask: ``[N, K]`` bool, True where a document was shown (short queries are padded).
       clicks: ``[N, K]`` bool.
       relevant: ``[N, K]`` bool, the relevance draws (what a full-information oracle sees).
-      examination: ``[K]`` theta(k) of the click model; ``joint_examination``: ``[K, K]``.
+      examination: ``[K]`` p(k) of the click model; ``joint_examination``: ``[K, K]``.
     """
 
     query: np.ndarray

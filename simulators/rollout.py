@@ -2,7 +2,7 @@
 
 Shared by every simulator. Rows are processed in fixed-size chunks (the last one padded),
 so one compiled kernel serves any ``n`` and no intermediate grows with ``n``
-(PERFORMANCE_NOTES: fresh buffers of hundreds of MB are 7-10x slower to write). Within a
+(docs/performance.md §2: fresh buffers of hundreds of MB are 7-10x slower to write). Within a
 chunk everything is vectorised; there is no Python loop over rows.
 """
 

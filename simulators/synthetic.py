@@ -1,4 +1,4 @@
-"""The R-POD paper's synthetic ranking environment (Eqs. 14-15, NOTES section 1).
+"""The R-POD paper's synthetic ranking environment (Eqs. 14-15; docs/maths.md §1.25-1.26).
 
 Contexts ``x ~ N(0, I_dx)``. Position-wise expected reward of ranking ``a``:
 
