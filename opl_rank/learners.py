@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -38,7 +39,7 @@ from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStag
 from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, reward_module, train_reward_params
 from opl_rank.scorers import make_scorer
 
-__all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "fit", "fit_seeds", "fit_arrays"]
+__all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
 
 MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
 
@@ -175,9 +176,27 @@ def _surrogate(plan: _Plan) -> Callable:
                                                                   where=batch.item_mask)
             model = ModelTerms(reward_model.predict(batch.context, batch.ranking), policy_value)
         terms = entry.terms(target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight)
-        return -estimate(terms)
+        return -estimate(terms) * _overflow_guard(terms)
 
     return loss
+
+
+# A batch whose loss terms add up to more than e^20 in magnitude is scaled down to e^20
+# before it meets the optimiser: float32 Adam squares the gradient, and terms of 1e20 or
+# more (weights near the clip e^50 times large rewards) overflow its second moment to inf
+# and freeze those parameters for good. The scale is a positive constant per batch, so
+# the step's direction is the estimator's; it only ever shrinks steps of such batches
+# (a batch-dependent step size: the expectation over batches weights each batch's
+# gradient by its scale). Ordinary batches (total below e^20) are untouched.
+_MAX_LOG_TERMS = 20.0
+
+
+def _overflow_guard(terms) -> jax.Array:
+    """``min(1, e^20 / sum_i |contribution_i|)`` without gradient (see above)."""
+    value = jnp.abs(jax.lax.stop_gradient(terms.value))
+    total = jnp.sum(value) / (value.shape[0] if terms.normalizer is None else jnp.abs(jnp.sum(jax.lax.stop_gradient(terms.normalizer))))
+    log_total = jnp.log(jnp.maximum(total, 1e-30))
+    return jax.lax.stop_gradient(jnp.exp(-jnp.maximum(log_total - _MAX_LOG_TERMS, 0.0)))
 
 
 def _reward_model(plan: _Plan, params: Any, position_weight: jax.Array) -> RewardModel:
@@ -215,6 +234,26 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
             patience=train.patience if valid is not None else None,
         )
     return out
+
+
+class ClippedWeightsWarning(RuntimeWarning):
+    """Most logged rows' importance weights exceed ``max_log_weight`` under the learned policy."""
+
+
+def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
+    """Warn when over half the rows' log-weights pass the clip: the weighted terms then carry
+    (almost) no information about the policy (every weight is the same constant)."""
+    if plan.estimator is None:
+        return
+    target = policy.propensities(data)
+    k = plan.k if plan.config.method == "rpod" else plan.n_slots
+    log_w = target.log_prefix[:, k - 1] - data.log_pi0_prefix[:, k - 1]
+    share = float(jnp.mean(log_w > plan.config.max_log_weight))
+    if share > 0.5:
+        warnings.warn(
+            f"{plan.config.method}: {share:.0%} of the logged rows have importance weights above "
+            f"e^{plan.config.max_log_weight:g} (max_log_weight) under the learned policy; the estimate is dominated "
+            "by clipping (check the logged propensities)", ClippedWeightsWarning, stacklevel=3)
 
 
 def _policy(plan: _Plan, fitted: dict[str, Any], position_weight: jax.Array) -> RankingPolicy:
@@ -256,7 +295,10 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
         k_split, k_reward, _, _ = jax.random.split(key, 4)
         part = data if config.valid_fraction == 0 else train_val_split(data, k_split, config.valid_fraction)[0]
         reward_params = fit_reward_model(part, k_reward, **config.reward_model_options(), two_step_k=plan.k).params
-    return _policy(plan, fit_arrays(plan, data, key, reward_params), data.position_weight)
+    policy = _policy(plan, fit_arrays(plan, data, key, reward_params), data.position_weight)
+    if plan.estimator is not None:
+        _warn_if_clipped(plan, policy.first_stage if isinstance(policy, TwoStagePolicy) else policy, data)
+    return policy
 
 
 def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> list[RankingPolicy]:

@@ -181,7 +181,12 @@ def train(
         # (users and our tests may set jax_numpy_dtype_promotion="strict").
         with jax.numpy_dtype_promotion("standard"):
             updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
+        params = optax.apply_updates(params, updates)
+        # A non-finite parameter or optimiser moment (e.g. Adam's second moment overflowing)
+        # would freeze silently: record it, and the caller raises naming the step.
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((params, opt_state))
+                                    if jnp.issubdtype(x.dtype, jnp.floating)]))
+        return (params, opt_state), (loss, finite)
 
     def run_epoch(params, opt_state, k_epoch):
         k_perm, k_steps = jax.random.split(k_epoch)
@@ -189,17 +194,18 @@ def train(
         rows = _rows_of(data)
         blocks = {name: rows[name][order] for name in row_names}
         step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
-        (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), (blocks, step_keys))
-        return params, opt_state, jnp.sum(losses) / n_batches
+        (params, opt_state), (losses, finite) = jax.lax.scan(step, (params, opt_state), (blocks, step_keys))
+        first_bad = jnp.where(jnp.all(finite), -1, jnp.argmin(finite))
+        return params, opt_state, jnp.sum(losses) / n_batches, first_bad.astype(jnp.int32)
 
     def epoch(carry, index):
         params, opt_state, key, best_loss, best_params, since_best = carry
         key, k_epoch, k_valid = jax.random.split(key, 3)
         active = since_best < (patience if stopping else epochs + 1)
-        params, opt_state, train_loss = jax.lax.cond(
-            active, run_epoch, lambda p, s, k: (p, s, jnp.float32(jnp.nan)), params, opt_state, k_epoch
+        params, opt_state, train_loss, bad_step = jax.lax.cond(
+            active, run_epoch, lambda p, s, k: (p, s, jnp.float32(jnp.nan), jnp.int32(-1)), params, opt_state, k_epoch
         )
-        record = {"train_loss": train_loss, "active": active}
+        record = {"train_loss": train_loss, "active": active, "nonfinite_step": bad_step}
         if valid is not None:
             valid_loss = evaluate(params, valid, k_valid, aux)
             record["valid_loss"] = jnp.where(active, valid_loss, jnp.nan)
@@ -226,7 +232,7 @@ _LISTENERS: dict[int, Callable[[int, dict[str, float]], None]] = {}
 def _notify(token, epoch, record) -> None:
     callback = _LISTENERS.get(int(token))
     if callback is not None and bool(record["active"]):
-        callback(int(epoch), {name: float(v) for name, v in record.items() if name != "active"})
+        callback(int(epoch), {name: float(v) for name, v in record.items() if name not in ("active", "nonfinite_step")})
 
 
 @contextlib.contextmanager
@@ -262,17 +268,25 @@ def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
     for e in range(arrays["active"].shape[0]):
         if not arrays["active"][e]:
             break
-        records.append({"epoch": e + 1, **{name: float(v[e]) for name, v in arrays.items() if name != "active"}})
+        records.append({"epoch": e + 1, **{name: float(v[e]) for name, v in arrays.items()
+                                           if name not in ("active", "nonfinite_step")}})
     return records
 
 
 def check_finite(history: dict[str, Any], what: str) -> None:
-    """A FloatingPointError naming ``what`` and the epoch if a training loss is not finite."""
+    """A FloatingPointError naming ``what``, the epoch and the step if a training loss, a
+    parameter or an optimiser moment became non-finite (never a silently frozen fit)."""
     losses = np.asarray(history["train_loss"])
     active = np.asarray(history["active"])
-    bad = np.nonzero(active & ~np.isfinite(losses))[0]
-    if bad.size:
-        raise FloatingPointError(f"{what}: training loss became {losses[bad[0]]} at epoch {bad[0] + 1}")
+    steps = np.asarray(history["nonfinite_step"])
+    epochs = np.nonzero(active & ((steps >= 0) | ~np.isfinite(losses)))[0]
+    if epochs.size:
+        e = int(epochs[0])
+        where = f"epoch {e + 1}" + (f", step {int(steps[e]) + 1} of the epoch" if steps[e] >= 0 else "")
+        raise FloatingPointError(
+            f"{what}: a training loss, parameter or optimiser state became non-finite at {where} "
+            f"(epoch loss {losses[e]}); lower the learning rate, check rewards and propensities, or clip weights"
+        )
 
 
 def minimize(
