@@ -144,7 +144,7 @@ def epoch_seconds(train, valid, sizes: Sizes, estimator: str, n_samples: int) ->
         batch_queries=BATCH_QUERIES,
     )
     start = time.perf_counter()
-    history = train_ltr(train, valid, config, make_key(0)).history
+    history = train_ltr(train, valid, make_key(0), config).history
     wall = time.perf_counter() - start
     later = [record["seconds"] for record in history[1:]]
     return {"median": statistics.median(later), "first": history[0]["seconds"], "wall": wall}

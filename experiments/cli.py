@@ -15,31 +15,14 @@ Kept short: parsing and printing only; everything else is a library call.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
+
+from experiments.user_code import load_callable
 
 __all__ = ["main", "build_parser", "load_callable"]
-
-
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` (e.g. ``my_pkg.policies:logits``) with clear errors."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected 'module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} (from {spec!r}): {err}") from err
-    try:
-        fn = getattr(module, attr)
-    except AttributeError as err:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from err
-    if not callable(fn):
-        raise ValueError(f"{spec!r} is not callable")
-    return fn
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="OPL benchmark grid (resumable)",
         description="Run every (D, L, tau, lambda, n, seed) cell of a YAML config: fit each method "
         "(and R-POD for each k) on logged data and record V(pi), V(pi_0), V* and the normalised gain. "
-        "Finished cells are skipped on a rerun.",
+        "Finished cells of the same config are reused on a rerun; another config in the same output_dir "
+        "is refused (see --new-config), and one sweep at a time may write to a folder.",
     )
     sweep.add_argument("--config", required=True, help="YAML config (see experiments/configs/synthetic_opl.yaml)")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
@@ -103,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--compilation-cache", default=None, metavar="DIR",
         help="JAX persistent compilation cache (default: $OPL_RANK_JAX_CACHE or ~/.cache/opl_rank/jax; '' disables)",
+    )
+    sweep.add_argument(
+        "--new-config", action="store_true",
+        help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
     )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
 
@@ -115,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pairwise.add_argument("--config", required=True, help="YAML config (see experiments/configs/pairwise_yahoo.yaml)")
     pairwise.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
+    pairwise.add_argument(
+        "--new-config", action="store_true",
+        help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
+    )
     pairwise.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
 
     report = sub.add_parser(
@@ -138,7 +130,7 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
     elif args.logging_policy == "uniform":
         logging_policy = "uniform"
     else:
-        logging_policy = load_callable(args.logging_policy)
+        logging_policy = load_callable(args.logging_policy, what="--logging-policy")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.value_contexts < 2:
@@ -176,15 +168,15 @@ def _ltr(args: argparse.Namespace) -> dict[str, Any]:
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.config import parse_overrides
-    from experiments.opl_sweep import load_sweep, run_sweep
-
     from experiments.executors import default_compilation_cache
+    from experiments.opl_sweep import load_sweep, run_sweep
 
     sweep = load_sweep(args.config, parse_overrides(args.set))
     cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
     return run_sweep(
         sweep, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
         backend=args.backend, workers=args.workers, compilation_cache=cache or None, ray_address=args.ray_address,
+        new_config=args.new_config,
     )
 
 
@@ -193,7 +185,8 @@ def _pairwise(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.pairwise_ltr import load_pairwise, run_pairwise
 
     experiment = load_pairwise(args.config, parse_overrides(args.set))
-    summary = run_pairwise(experiment, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
+    summary = run_pairwise(experiment, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+                           new_config=args.new_config)
     with open(summary["report"], encoding="utf-8") as f:
         print(f.read(), file=sys.stderr if args.json else sys.stdout)
     return summary

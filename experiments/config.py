@@ -36,7 +36,11 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise ValueError(f"--set expects key=value, got {item!r}")
-        out[name.strip()] = yaml.safe_load(value)
+        key = name.strip()
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:  # e.g. a tag such as !!python/object:os.system
+            raise ValueError(f"--set {key}: not a valid YAML value {value!r}: {err}") from err
     return out
 
 
@@ -106,7 +110,8 @@ DATASET_PREFIX = "dataset:"
 
 
 def resolve_path(path: str, config_path: str | None) -> str:
-    """A data path as written, else relative to the config file's folder; must exist.
+    """A data path as written, else relative to the config file's folder; must exist and be
+    a file (a directory is a ``ValueError``, not a traceback later in the reader).
 
     ``dataset:NAME`` (e.g. ``dataset:yahoo_sample``) names a data set shipped with the
     package instead: the result is :func:`simulators.datasets.path` of NAME, absolute, so it
@@ -125,6 +130,8 @@ def resolve_path(path: str, config_path: str | None) -> str:
     if config_path is not None and not os.path.isabs(path):
         candidates.append(os.path.join(os.path.dirname(os.path.abspath(config_path)), path))
     for candidate in candidates:
+        if os.path.isdir(candidate):
+            raise ValueError(f"data path {candidate} is a directory; expected a data file (e.g. a LETOR/SVMlight file)")
         if os.path.exists(candidate):
             return candidate
     raise ValueError(f"data file not found: tried {candidates}")

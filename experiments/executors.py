@@ -8,7 +8,9 @@ completion order through ``on_result``. Jobs derive their PRNG keys from their o
 to one thread per worker (two single-threaded workers on two cores finish ~1.5x more
 cells per minute than one process using both), and points JAX's persistent compilation
 cache at a shared directory so a kernel compiled by one worker is loaded by the others
-and by later runs.
+and by later runs. Workers die with their parent: each polls its parent pid in a daemon
+thread and exits as soon as the parent is gone (even after ``kill -9`` of the parent,
+which runs no cleanup), so no orphan keeps computing or writing cells.
 
 ``ray`` submits each job as a Ray task (one CPU each) to the cluster at ``ray_address``
 (e.g. ``"auto"`` or ``"ray://head:10001"``), or to a local Ray instance it starts and
@@ -22,12 +24,15 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import threading
+import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "run_jobs", "default_compilation_cache"]
+__all__ = ["BACKENDS", "run_jobs", "default_compilation_cache", "exit_with_parent"]
 
 BACKENDS = ("serial", "processes", "ray")
 _SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+_PARENT_POLL_SECONDS = 0.2
 
 
 def default_compilation_cache() -> str:
@@ -45,7 +50,23 @@ def _enable_compilation_cache(cache_dir: str | None) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
-def _init_worker(cache_dir: str | None) -> None:
+def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) -> threading.Thread:
+    """Start a daemon thread that ends this process (``os._exit``) once its parent is no
+    longer ``parent`` (the parent died and this process was re-parented)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="opl-rank-exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _init_worker(cache_dir: str | None, parent: int | None = None) -> None:
+    if parent is not None:
+        exit_with_parent(parent)
     # Before JAX is imported in this fresh (spawned) interpreter.
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA}".strip()
@@ -89,7 +110,7 @@ def run_jobs(
     n_workers = min(workers or os.cpu_count() or 1, len(jobs))
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
-        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache,)
+        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid())
     ) as pool:
         futures = {pool.submit(fn, *job): job for job in jobs}
         try:
@@ -99,7 +120,6 @@ def run_jobs(
             for future in futures:
                 future.cancel()
             raise
-
 
 
 def _ray_task(fn: Callable[..., Any], job: tuple, cache_dir: str | None) -> Any:

@@ -69,7 +69,7 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -
             f"{metric} {record[metric]:.4f}  valid_loss {record['valid_loss']:+.4f}  {record['seconds']:.3f}s"
         )
 
-    result = ltr_training.train_ltr(train, valid, cfg, prng.make_key(experiment.seed), progress=progress)
+    result = ltr_training.train_ltr(train, valid, prng.make_key(experiment.seed), cfg, progress=progress)
     history = result.history
     summary = {
         "final_" + metric: history[-1][metric],

@@ -16,26 +16,30 @@ Every ranker is evaluated on the test queries' full lists with the true graded l
 NDCG@{1,3,5,10} and MAP (labels >= 1 relevant), queries without a relevant document
 excluded. Training stops early on the same loss computed on the click logs of held-out
 training queries (``valid_fraction``; the paper's point that validation must be debiased
-too), keeping the best epoch. Each (seed, browsing, truncation) is written atomically to ``cells/``; a rerun
-skips finished ones. ``results.csv`` and ``report.md`` (mean ± SE over seeds) follow.
+too), keeping the best epoch. Each (seed, browsing, truncation) is written atomically to ``cells/``,
+stamped with the config's hash; a rerun of the same config reuses finished ones (see
+:mod:`experiments.resume`). ``results.csv`` (and ``results.parquet``, via
+:mod:`experiments.tables`) and ``report.md`` (mean ± SE over seeds) follow.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
 from typing import Any, Callable
 
 import numpy as np
-import yaml
 
 from experiments.config import build_with_training, load_yaml, resolve_path
+from experiments.grid import as_lists, check_unique
+from experiments.resume import BadCell, open_run_folder, read_cell, write_cell
+from experiments.tables import write_tables
+from opl_rank.atomic import atomic_write_text
 from opl_rank.pairwise_training import PairwiseTrainConfig
 
-__all__ = ["PairwiseExperiment", "load_pairwise", "run_pairwise", "VARIANTS", "METRICS"]
+__all__ = ["PairwiseExperiment", "load_pairwise", "run_pairwise", "cells", "check_rows", "VARIANTS", "METRICS"]
 
 VARIANTS = {"biased": "none", "ips": "individual", "debiased": "joint", "relevance": "none"}
 METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "map")
@@ -77,20 +81,50 @@ class PairwiseExperiment:
             raise ValueError(f"seeds must be non-negative, got {list(self.seeds)}")
         if self.repeats < 1 or not (self.eta >= 0 and math.isfinite(self.eta)):
             raise ValueError("repeats must be >= 1 and eta finite and >= 0")
+        check_unique(self, ("browsing", "truncation", "seeds", "variants"))
 
 
 def load_pairwise(config_path: str, overrides: dict[str, Any]) -> PairwiseExperiment:
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
-    values = load_yaml(config_path)
-    values.update(overrides)
-    for name in ("browsing", "truncation", "seeds", "variants", "hidden"):
-        value = values.get(name)
-        if isinstance(value, str):
-            values[name] = [yaml.safe_load(v) for v in value.split(",")]
-        elif value is not None and not isinstance(value, (list, tuple)):
-            values[name] = [value]
+    values = as_lists({**load_yaml(config_path), **overrides}, PairwiseExperiment, PairwiseTrainConfig)
     experiment = build_with_training(PairwiseExperiment, PairwiseTrainConfig, values, source=config_path)
     return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
+
+
+def resolved_config(experiment: PairwiseExperiment) -> dict[str, Any]:
+    """The flat config written to ``config.yaml`` (the training keys beside the others)."""
+    resolved = {k: v for k, v in dataclasses.asdict(experiment).items() if k != "training"}
+    resolved.update(dataclasses.asdict(experiment.training))
+    return resolved
+
+
+def cells(experiment: PairwiseExperiment) -> list[dict[str, Any]]:
+    """Every (seed, browsing, truncation), in a stable order."""
+    return [dict(seed=s, browsing=b, truncation=t)
+            for s in experiment.seeds for b in experiment.browsing for t in experiment.truncation]
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    return "seed{seed}_{browsing}_K{truncation}".format(**cell)
+
+
+def check_rows(experiment: PairwiseExperiment, cell: dict[str, Any], rows: Any) -> str | None:
+    """None when ``rows`` are what :func:`_run_cell` writes for ``cell``; else the problem."""
+    expected = ["logging_ranker", *experiment.variants]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "rows are not a list of objects"
+    if len(rows) != len(expected):
+        return f"{len(rows)} rows, expected {len(expected)}"
+    for i, (row, variant) in enumerate(zip(rows, expected)):
+        missing = [c for c in ("browsing", "truncation", "seed", "n_lists", "variant", *METRICS, "train_seconds") if c not in row]
+        if missing:
+            return f"row {i} lacks column(s) {missing}"
+        if row["variant"] != variant:
+            return f"row {i} is variant {row['variant']!r}, expected {variant!r}"
+        wrong = [k for k in cell if row[k] != cell[k]]
+        if wrong:
+            return f"row {i} belongs to another cell ({', '.join(f'{k}={row[k]!r}' for k in wrong)})"
+    return None
 
 
 def evaluate_ranker(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> dict[str, float]:
@@ -148,38 +182,50 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
     return rows
 
 
-def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run (or resume) every (seed, browsing, truncation); write cells, results.csv, report.md, config.yaml."""
-    from opl_rank.atomic import atomic_write_text
+def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] = print,
+                 new_config: bool = False) -> dict[str, Any]:
+    """Run (or resume) every (seed, browsing, truncation); write cells, results.csv
+    (and results.parquet), report.md and config.yaml.
+
+    The output folder is locked and checked like a sweep's (:func:`experiments.resume.open_run_folder`):
+    another config there is an error naming the differing keys, unless ``new_config``; cell
+    files of this config are reused, bad ones named and recomputed.
+    """
     from simulators.letor import load_letor
 
-    out = experiment.output_dir
-    os.makedirs(os.path.join(out, "cells"), exist_ok=True)
-    resolved = {k: v for k, v in dataclasses.asdict(experiment).items() if k != "training"}
-    resolved.update(dataclasses.asdict(experiment.training))
-    atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(_plain(resolved), sort_keys=False))
-    data = load_letor(experiment.data, n_features=experiment.n_features, normalize=experiment.normalize)
-    cells = [(s, b, t) for s in experiment.seeds for b in experiment.browsing for t in experiment.truncation]
-    start = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    for i, (seed, browsing, truncation) in enumerate(cells, start=1):
-        path = os.path.join(out, "cells", f"seed{seed}_{browsing}_K{truncation}.json")
-        if not os.path.exists(path):
-            atomic_write_text(path, json.dumps(_run_cell(experiment, seed, browsing, truncation, data)))
-            with open(path, encoding="utf-8") as f:
-                done = json.load(f)
+    with open_run_folder(experiment.output_dir, resolved_config(experiment), new_config=new_config, echo=echo) as folder:
+        experiment = dataclasses.replace(experiment, output_dir=folder.path)
+        every = cells(experiment)
+
+        def read(cell):
+            return read_cell(folder.cell_path(cell_name(cell)), config_hash=folder.config_hash, cell=cell,
+                             check_rows=lambda rows: check_rows(experiment, cell, rows))
+
+        data = None
+        start = time.perf_counter()
+        rows: list[dict[str, Any]] = []
+        resumed = 0
+        for i, cell in enumerate(every, start=1):
+            try:
+                rows.extend(read(cell))
+                resumed += 1
+                continue
+            except BadCell as bad:
+                if not isinstance(bad.__cause__, FileNotFoundError):
+                    echo(f"cell file {bad}: recomputing it")
+            if data is None:
+                data = load_letor(experiment.data, n_features=experiment.n_features, normalize=experiment.normalize)
+            done = _run_cell(experiment, cell["seed"], cell["browsing"], cell["truncation"], data)
+            write_cell(folder.cell_path(cell_name(cell)), cell=cell, rows=done, config_hash=folder.config_hash)
             best = max((r for r in done if r["variant"] != "logging_ranker"), key=lambda r: r["ndcg@10"])
-            echo(f"[{i}/{len(cells)}] seed {seed} {browsing} K={truncation}: best {best['variant']} "
+            echo(f"[{i}/{len(every)}] seed {cell['seed']} {cell['browsing']} K={cell['truncation']}: best {best['variant']} "
                  f"ndcg@10 {best['ndcg@10']:.4f}  (elapsed {time.perf_counter() - start:.0f}s)")
-        with open(path, encoding="utf-8") as f:
-            rows.extend(json.load(f))
-    columns = list(dict.fromkeys(c for r in rows for c in r))
-    lines = [",".join(columns)] + [",".join(str(r.get(c, "")) for c in columns) for r in rows]
-    atomic_write_text(os.path.join(out, "results.csv"), "\n".join(lines) + "\n")
-    report = pairwise_report(rows)
-    atomic_write_text(os.path.join(out, "report.md"), report)
-    return {"cells": len(cells), "rows": len(rows), "seconds": time.perf_counter() - start,
-            "results": os.path.join(out, "results.csv"), "report": os.path.join(out, "report.md")}
+            rows.extend(read(cell))
+        tables = write_tables(folder.path, rows, int_columns=("epochs",), echo=echo)
+        atomic_write_text(folder.file("report.md"), pairwise_report(rows))
+    return {"cells": len(every), "resumed": resumed, "rows": len(rows), "seconds": time.perf_counter() - start,
+            "results": tables["results"], "report": folder.file("report.md"), "output_dir": folder.path,
+            "config_hash": folder.config_hash[:8]}
 
 
 def pairwise_report(rows: list[dict[str, Any]]) -> str:
@@ -210,11 +256,3 @@ def pairwise_report(rows: list[dict[str, Any]]) -> str:
                 lines += ["", f"No gap to close: relevance minus biased NDCG@10 is {gap:+.4f} (debiased minus biased {gain:+.4f})."]
         lines.append("")
     return "\n".join(lines)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value

@@ -153,7 +153,7 @@ for estimator in ESTIMATORS:
         )
         for seed in SEEDS:
             t_run = time.perf_counter()
-            result = train_ltr(train, valid, config, make_key(seed))
+            result = train_ltr(train, valid, make_key(seed), config)
             for record in result.history:
                 rows.append(
                     {

@@ -1,13 +1,21 @@
 """Logged ranking data: a frozen, validated pytree, and row-wise helpers.
 
 ``LoggedData`` holds ``n`` logged rounds ``(x_i, a_i, r_i)`` from a logging policy pi_0
-with the logging propensities the off-policy estimators need. It is validated once, at
-construction with concrete arrays; inside ``jit``/``vmap`` (tracers) validation is skipped.
+with the logging propensities the off-policy estimators need. It is converted and
+validated once, at construction with concrete arrays (NumPy or JAX arrays, or Python
+lists); inside ``jit``/``vmap`` (tracers) both are skipped.
+
+Conversion: Python lists become NumPy arrays; float fields become float32 (a finite value
+beyond float32's range, e.g. a float64 ``1e39``, is an error naming the field rather than
+an ``inf``), integer rankings become int32, and a list ``item_mask`` becomes bool. Arrays
+of the wrong kind (a float ranking, a float mask) are not converted; validation rejects
+them. JAX arrays stay JAX arrays and NumPy arrays stay NumPy arrays.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Any, Iterator
 
 import jax
@@ -62,6 +70,7 @@ class LoggedData(struct.PyTreeNode):
 
     def __post_init__(self) -> None:
         if _is_concrete(self):
+            _convert(self)
             _validate(self)
 
     # -- shape accessors -------------------------------------------------------------
@@ -133,10 +142,36 @@ class LoggedData(struct.PyTreeNode):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LoggedData":
-        """Read what :meth:`save` wrote (validated again)."""
-        with np.load(path) as f:
-            fields = {name: jnp.asarray(f[name]) for name in _ARRAY_FIELDS if name in f.files}
-            return cls(n_items=int(f["n_items"]), **fields)
+        """Read what :meth:`save` wrote (validated again).
+
+        Raises:
+          FileNotFoundError: no such file.
+          ValueError: naming ``path``: not an ``.npz`` archive (e.g. truncated or another
+            format), a required array missing, or data that fails validation.
+        """
+        shown = os.fspath(path)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                if not hasattr(f, "files"):
+                    raise ValueError("holds a single array, not an .npz archive")
+                missing = [name for name in ("n_items", *_REQUIRED_FIELDS) if name not in f.files]
+                if missing:
+                    raise ValueError(f"lacks {missing}")
+                arrays = {name: np.asarray(f[name]) for name in _ARRAY_FIELDS if name in f.files}
+                n_items = f["n_items"]
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{shown}: not a LoggedData .npz file written by LoggedData.save "
+                             f"(truncated or another format?): {err}") from err
+        except Exception as err:  # zlib.error and the like from a damaged member
+            raise ValueError(f"{shown}: cannot read LoggedData .npz file ({type(err).__name__}: {err})") from err
+        if n_items.shape != () or not np.issubdtype(n_items.dtype, np.integer):
+            raise ValueError(f"{shown}: n_items must be a scalar integer, got {n_items.dtype} {n_items.shape}")
+        try:
+            return cls(n_items=int(n_items), **{name: jnp.asarray(value) for name, value in arrays.items()})
+        except ValueError as err:
+            raise ValueError(f"{shown}: {err}") from err
 
 
 _REQUIRED_FIELDS = ("context", "ranking", "reward", "log_pi0_prefix", "position_weight")
@@ -152,26 +187,91 @@ _ARRAY_FIELDS = (
 )
 
 
+_FLOAT_FIELDS = (
+    "context",
+    "reward",
+    "log_pi0_prefix",
+    "position_weight",
+    "log_pi0_position_marginal",
+    "item_features",
+)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT32 = np.iinfo(np.int32)
+
+
 def _is_concrete(data: LoggedData) -> bool:
-    """True unless a field is a tracer or a non-array placeholder (jit, vmap, tree ops)."""
+    """True unless a field is a tracer or a non-array placeholder (jit, vmap, tree ops).
+
+    Python lists count as concrete data (they are converted to arrays)."""
     for name in _ARRAY_FIELDS:
         value = getattr(data, name)
-        if value is None:
+        if value is None or isinstance(value, list):
             continue
         if isinstance(value, jax.core.Tracer) or not hasattr(value, "shape"):
             return False
     return True
 
 
+def _set(data: LoggedData, name: str, value: Any) -> None:
+    object.__setattr__(data, name, value)  # the dataclass is frozen; this is construction
+
+
+def _convert(data: LoggedData) -> None:
+    """Lists to arrays and the documented dtypes (float32 / int32 / bool), in place.
+
+    Float fields are checked in float64 before the cast: a finite value beyond float32's
+    range is an error naming the field (it would silently become ``inf``)."""
+    for name in _ARRAY_FIELDS:
+        value = getattr(data, name)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            try:
+                value = np.asarray(value)
+            except ValueError as err:  # ragged nested lists
+                _fail(name, f"cannot be made an array ({err})")
+            if value.dtype == object:
+                _fail(name, "must be an array of numbers, got a list of other objects")
+            _set(data, name, value)
+        dtype = np.dtype(value.dtype)
+        is_jax = isinstance(value, jax.Array)
+        if name in _FLOAT_FIELDS:
+            if dtype == np.float32 or not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+                continue  # float32 already, or not numeric: validation reports it
+            host = np.asarray(value)
+            if np.issubdtype(dtype, np.complexfloating):
+                _fail(name, f"must be real numbers, got dtype {dtype}")
+            if host.size and np.issubdtype(dtype, np.floating) and np.finfo(dtype).max > _FLOAT32_MAX:
+                over = np.isfinite(host) & (np.abs(host) > _FLOAT32_MAX)
+                if over.any():
+                    where = np.argwhere(over)[0]
+                    at = f"row {int(where[0])}" if host.ndim >= 2 else f"index {int(where[0])}"
+                    _fail(name, f"{int(over.sum())} value(s) beyond float32's range (|x| > {_FLOAT32_MAX:.4g}), "
+                                f"first {host[tuple(where)]!r} at {at}; they would become inf")
+            _set(data, name, value.astype(jnp.float32) if is_jax else host.astype(np.float32))
+        elif name == "ranking":
+            if dtype == np.int32 or not np.issubdtype(dtype, np.integer):
+                continue  # validation rejects non-integer rankings
+            host = np.asarray(value)
+            if host.size and (host.min() < _INT32.min or host.max() > _INT32.max):
+                continue  # out of range for any n_items: validation names the slot
+            _set(data, name, value.astype(jnp.int32) if is_jax else host.astype(np.int32))
+        # item_mask: a list of bools is already bool; any other dtype is rejected by validation.
+
+
 def _fail(field: str, problem: str) -> None:
     raise ValueError(f"LoggedData.{field}: {problem}")
 
 
-def _check_finite(field: str, value: np.ndarray) -> None:
+def _check_finite(field: str, value: np.ndarray, hint: str = "") -> None:
     bad = ~np.isfinite(value)
     if bad.any():
-        row = int(np.argwhere(bad)[0][0])
-        _fail(field, f"{int(bad.sum())} non-finite value(s) (NaN or inf), first in row {row}")
+        first = np.argwhere(bad)[0]
+        where = f"row {int(first[0])}" + (f" slot {int(first[1])}" if field in _SLOT_FIELDS and len(first) > 1 else "")
+        _fail(field, f"{int(bad.sum())} non-finite value(s) (NaN or inf), first in {where}{hint}")
+
+
+_SLOT_FIELDS = ("reward", "log_pi0_prefix", "log_pi0_position_marginal")
 
 
 def _validate(data: LoggedData) -> None:
@@ -217,7 +317,11 @@ def _validate(data: LoggedData) -> None:
         value = np.asarray(value)
         if value.shape != (n, n_slots):
             _fail(name, f"must be [n, L] = {(n, n_slots)}, got shape {value.shape}")
-        _check_finite(name, value)
+        hint = ""
+        if name in ("log_pi0_prefix", "log_pi0_position_marginal"):
+            hint = (" (a ranked item the logging policy could not place, e.g. one whose logit is -inf: "
+                    "the logged ranking is impossible under pi_0)")
+        _check_finite(name, value, hint)
     log_prefix = np.asarray(data.log_pi0_prefix)
     if (log_prefix > 1e-5).any():
         row = int(np.argwhere(log_prefix > 1e-5)[0][0])
@@ -242,9 +346,12 @@ def _validate(data: LoggedData) -> None:
         mask = np.asarray(data.item_mask)
         if mask.shape != (n, data.n_items) or mask.dtype != np.bool_:
             _fail("item_mask", f"must be bool [n, D] = {(n, data.n_items)}, got {mask.dtype} {mask.shape}")
-        if not np.take_along_axis(mask, ranking, axis=1).all():
-            row = int(np.argwhere(~np.take_along_axis(mask, ranking, axis=1))[0][0])
-            _fail("item_mask", f"row {row} ranks a masked-out item")
+        ranked_real = np.take_along_axis(mask, ranking, axis=1)
+        if not ranked_real.all():
+            row, slot = (int(i) for i in np.argwhere(~ranked_real)[0])
+            _fail("item_mask", f"row {row} ranks a masked-out item: slot {slot} holds item {int(ranking[row, slot])}, "
+                               f"which item_mask marks as not a candidate ({int((~ranked_real).any(axis=1).sum())} "
+                               f"row(s) affected; a logging policy with fewer than L real candidates?)")
     if data.item_features is not None:
         feats = np.asarray(data.item_features)
         ok = (feats.ndim == 2 and feats.shape[0] == data.n_items) or (

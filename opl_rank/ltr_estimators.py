@@ -22,8 +22,9 @@ Estimators (gradient of the expected utility):
                               biased with baselines) or App. A Eqs. 36-39 / Figure 8
                               (``corrected=True``, default: a (K+1)-th "not placed" outcome).
   exposure_utility            Eq. 35: rho . exposure.
-  plrank3_utility             Eq. 21: PL-Rank-3 custom gradient (baseline method; float32
-                              overflows at large logits, as the paper reports).
+  plrank3_utility             Eq. 21: PL-Rank-3 custom gradient (baseline method; its
+                              denominators are kept in log space, so it stays finite and
+                              accurate in float32 at any logit gap).
   sampled_policy_gradient     the score-function estimator for any ranking-level reward.
 """
 
@@ -288,31 +289,60 @@ def _plrank3_fwd(logits, relevance, position_weight, rankings, valid):
 
 
 def _plrank3_bwd(res, cotangent):
+    """Eq. 21 with every ``e^{f(d)} / sum e^f`` formed in log space.
+
+    ``denom_k`` (the PL mass of the documents not in ``y_{1:k-1}``) is kept as its log,
+    ``log_den_k = logsumexp`` over the ranked documents at slots ``>= k`` joined with the
+    never-placed ones -- a sum of positive terms, never the difference
+    ``sum(e^f) - cumsum(e^f)``, which cancels in float32 once a placed document outweighs
+    the rest by ``e^17`` (and gives 0/0 = NaN from a logit gap of about 20). Then, for a
+    document at (capped) rank ``r``,
+    ``e^{f(d)} DR_r = e^{f(d) - log_den_r} sum_{x <= r} theta_x e^{log_den_r - log_den_x}``
+    and likewise ``RI`` with ``PR_x``: every exponent is ``<= 0`` (``log_den`` does not
+    increase along slots and ``d`` is still unplaced at ``r``), so nothing overflows or
+    cancels at any logit scale.
+    """
     logits, relevance, theta, rankings, valid = res
     n_samples, n_items, n_slots = rankings.shape[0], logits.shape[-1], rankings.shape[-1]
     dtype = logits.dtype
-    # As published: unnormalised e^{f(d)} and denominators (overflow in float32 at f ~ 89).
-    w = jnp.where(valid, jnp.exp(logits), 0.0)  # [.., D]
+    neg_inf = jnp.asarray(-jnp.inf, dtype)
+    f = jnp.where(valid, logits, neg_inf)  # [.., D]; -inf for documents never sampled
     rho = jnp.where(valid, relevance, 0.0).astype(dtype)
-    w_n = jnp.broadcast_to(w, (n_samples,) + w.shape)
-    ranked_w = jnp.take_along_axis(w_n, rankings, axis=-1)  # [N, .., K]
-    ranked_rho = jnp.take_along_axis(jnp.broadcast_to(rho, w_n.shape), rankings, axis=-1)
+    f_n = jnp.broadcast_to(f, (n_samples,) + f.shape)  # [N, .., D]
+    ranked_f = jnp.take_along_axis(f_n, rankings, axis=-1)  # [N, .., K]
+    slot_valid = ranked_f > neg_inf  # valid documents come first; padding slots after
+    ranked_rho = jnp.take_along_axis(jnp.broadcast_to(rho, f_n.shape), rankings, axis=-1)
     theta_k = theta.astype(dtype).reshape((1,) * (rankings.ndim - 1) + (n_slots,))
-    # denom_k = sum of e^f over documents not in y_{1:k-1}.
-    denom = jnp.sum(w, axis=-1)[None, ..., None] - (jnp.cumsum(ranked_w, axis=-1) - ranked_w)
-    reward = theta_k * ranked_rho
+    reward = jnp.where(slot_valid, theta_k * ranked_rho, 0.0)
     pr = jnp.cumsum(reward[..., ::-1], axis=-1)[..., ::-1]  # PR_k = sum_{x >= k} theta_x rho_{y_x}
-    ri = jnp.cumsum(pr / denom, axis=-1)  # RI_k
-    dr = jnp.cumsum(theta_k / denom, axis=-1)  # DR_k
-    # Per document: rank r (1-based), K for documents outside the top K.
+    # Per document: rank r (0-based), capped at K-1 for documents outside the top K.
     one_hot = pl.one_hot_rankings(rankings, n_items)  # [N, .., K, D]
-    in_top = jnp.any(one_hot, axis=-2)  # [N, .., D]
-    rank0 = jnp.where(in_top, jnp.argmax(one_hot, axis=-2).astype(jnp.int32), n_slots - 1)  # 0-based, capped
+    in_top = jnp.any(one_hot & slot_valid[..., None], axis=-2)  # [N, .., D]
+    rank0 = jnp.where(in_top, jnp.argmax(one_hot, axis=-2).astype(jnp.int32), n_slots - 1)
+    # log_den_k = log sum of e^f over documents not in y_{1:k-1}.
+    never = jnp.logical_and(valid[None], ~in_top)  # [N, .., D]
+    log_rest = pl.safe_logsumexp(jnp.where(never, f_n, neg_inf), axis=-1)  # [N, ..]
+    slot = jnp.arange(n_slots)
+    lead = (1,) * (rankings.ndim - 1)
+    later = (slot[None, :] >= slot[:, None]).reshape(lead + (n_slots, n_slots))  # [.., K (k), K (m)]: m >= k
+    suffix = jnp.where(later, ranked_f[..., None, :], neg_inf)  # [N, .., K, K]
+    rest = jnp.broadcast_to(log_rest[..., None, None], suffix.shape[:-1] + (1,))
+    log_den = pl.safe_logsumexp(jnp.concatenate([suffix, rest], axis=-1), axis=-1)  # [N, .., K]
+    log_den_safe = jnp.where(slot_valid, log_den, 0.0)
+    # E[k, x] = denom_k / denom_x for x <= k (both real slots), else 0; entries <= 1.
+    upto = jnp.swapaxes(later, -1, -2)  # [.., K (k), K (x)]: x <= k
+    pair_ok = upto & slot_valid[..., :, None] & slot_valid[..., None, :]
+    ratio = jnp.exp(jnp.where(pair_ok, log_den_safe[..., :, None] - log_den_safe[..., None, :], neg_inf))
+    dr_scaled = jnp.sum(ratio * theta_k[..., None, :], axis=-1)  # denom_k DR_k
+    ri_scaled = jnp.sum(ratio * pr[..., None, :], axis=-1)  # denom_k RI_k
+    # e^{f(d)} / denom_{r_d}: d is unplaced before slot r_d, so this is <= 1.
+    log_den_d = jnp.take_along_axis(log_den_safe, rank0, axis=-1)
+    share = jnp.exp(jnp.where(valid[None], f_n - log_den_d, neg_inf))
     pr_after = jnp.concatenate([pr[..., 1:], jnp.zeros_like(pr[..., :1])], axis=-1)  # PR_{r+1}
     pr_d = jnp.where(in_top, jnp.take_along_axis(pr_after, rank0, axis=-1), 0.0)
-    ri_d = jnp.take_along_axis(ri, rank0, axis=-1)
-    dr_d = jnp.take_along_axis(dr, rank0, axis=-1)
-    grad = pr_d + w_n * (rho[None] * dr_d - ri_d)
+    ri_d = jnp.take_along_axis(ri_scaled, rank0, axis=-1)
+    dr_d = jnp.take_along_axis(dr_scaled, rank0, axis=-1)
+    grad = pr_d + share * (rho[None] * dr_d - ri_d)
     grad = jnp.where(jnp.broadcast_to(valid, grad.shape), grad, 0.0)
     return (cotangent[..., None] * jnp.mean(grad, axis=0), None, None, None, None)
 
@@ -325,10 +355,16 @@ def plrank3_utility(logits, relevance, position_weight, key, n_samples, *, where
     """PL-Rank-3 (Eq. 21; Oosterhuis 2022): utility estimate with a custom gradient.
 
     ``grad_d = (1/N) sum_i PR_{y,d} + e^{f(d)} (rho_d DR_{y,d} - RI_{y,d})`` with suffix
-    rewards ``PR`` and the unnormalised sums ``RI``, ``DR`` over ``1 / sum e^f``. Works in
-    the dtype of ``logits`` (float64 with x64 enabled). In float32 ``e^{f}`` overflows for
-    logits above ~88 and the gradient becomes NaN/inf: the instability the paper reports.
-    No baseline corrections. Gradients w.r.t. ``relevance`` and ``position_weight`` are 0.
+    rewards ``PR`` and the sums ``RI``, ``DR`` over ``1 / denom_k``, ``denom_k`` the PL mass
+    of the documents not yet placed. Works in the dtype of ``logits`` (float64 with x64
+    enabled). Computed as published with unnormalised ``e^f`` and
+    ``denom_k = sum(e^f) - cumsum(e^f)``, the subtraction cancels in float32 once a placed
+    document outweighs the rest by ``e^17`` (logit gap 17: no correct digits; from a gap
+    of about 20: ``0 / 0 = NaN``) -- a cancellation, well before ``e^f`` overflows near
+    88. Here ``log denom_k`` is a log-sum-exp over the unplaced documents and every
+    ``e^{f(d)} / denom_k`` is formed in log space, so the gradient stays finite and
+    accurate at logit gaps up to 1e3 and beyond. No baseline corrections. Gradients
+    w.r.t. ``relevance`` and ``position_weight`` are 0.
 
     Args:
       logits: ``[.., D]`` scores (float32 or float64).

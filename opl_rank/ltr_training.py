@@ -164,8 +164,8 @@ def _losses(config: LTRConfig) -> tuple[Callable, Callable]:
 def train_ltr(
     train: Any,
     valid: Any,
-    config: LTRConfig,
     key: jax.Array,
+    config: LTRConfig,
     *,
     progress: Callable[[dict[str, float]], None] | None = None,
 ) -> LTRResult:
@@ -176,8 +176,8 @@ def train_ltr(
     Args:
       train: training queries (``features [Q, D, F]``, ``labels [Q, D]``, ``mask [Q, D]``).
       valid: held-out queries, same ``F``.
-      config: :class:`LTRConfig`.
       key: PRNG key (initialisation, shuffling, sampling).
+      config: :class:`LTRConfig`.
       progress: called with each epoch's record as training goes.
 
     Returns:

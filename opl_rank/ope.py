@@ -7,13 +7,15 @@ propensities (:mod:`opl_rank.policies`); estimators that need a reward model get
 ``f_hat`` at the logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` (:func:`model_values`).
 Confidence intervals: normal approximation (delta method for ratios) or a percentile
 bootstrap vmapped over resampling keys. Diagnostics: effective sample size
-``(sum w)^2 / sum w^2`` of the estimator's weights and the largest weight.
+``(sum w)^2 / sum w^2`` of the estimator's weights and the largest weight; a
+:class:`DegenerateWeightsWarning` when the ESS is below 1% of n or not finite.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from statistics import NormalDist
 from typing import Any, Sequence
 
@@ -25,7 +27,15 @@ from opl_rank.data import LoggedData
 from opl_rank.opl_estimators import ModelTerms
 from opl_rank.policies import RankingPolicy
 
-__all__ = ["OPEResult", "model_values", "evaluate"]
+__all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate"]
+
+DEGENERATE_ESS_FRACTION = 0.01  # warn when ESS < 1% of n
+
+
+class DegenerateWeightsWarning(RuntimeWarning):
+    """:func:`evaluate`: an estimator's importance weights are degenerate -- their
+    effective sample size is below 1% of n (e.g. all weights 0, or one weight dominating)
+    or not finite -- so its estimate (and interval) should not be trusted."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,4 +166,10 @@ def evaluate(
             low, high = (float(q) for q in jnp.quantile(draws, jnp.array([0.5 - level / 2, 0.5 + level / 2])))
         ess = min(_ess(col) for col in (w.T if w.ndim == 2 else w[None]))
         results[name] = OPEResult(name, value, stderr, low, high, ci, n, ess, float(jnp.max(w)))
+        if not math.isfinite(ess) or ess < DEGENERATE_ESS_FRACTION * n:
+            warnings.warn(DegenerateWeightsWarning(
+                f"ope.evaluate: estimator {name!r} has degenerate importance weights: effective sample "
+                f"size {ess:.4g} of n={n} (below {DEGENERATE_ESS_FRACTION:.0%} of n, or not finite; "
+                f"largest weight {float(jnp.max(w)):.4g}); its estimate {value:.4g} is not reliable"
+            ), stacklevel=2)
     return results

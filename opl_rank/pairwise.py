@@ -132,20 +132,20 @@ def _check(scores: jax.Array, labels: jax.Array, mask: jax.Array | None) -> jax.
 
 
 def pairwise_loss(
-    scores: jax.Array, labels: jax.Array, mask: jax.Array | None = None, pair_loss: str | PairLoss = "ranknet"
+    scores: jax.Array, labels: jax.Array, *, where: jax.Array | None = None, pair_loss: str | PairLoss = "ranknet"
 ) -> jax.Array:
     """``sum_{i < j} l(f_i, f_j)^T s(b_i, b_j)`` per list (no debiasing).
 
     Args:
       scores: ``[n, K]`` model scores.
       labels: ``[n, K]`` binary labels (true relevance, or clicks for the naive loss).
-      mask: ``[n, K]`` bool, True for real items (default all).
+      where: ``[n, K]`` bool, True for real items (default all).
       pair_loss: a name in :data:`PAIR_LOSSES` or ``(f_i, f_j) -> [..., 4]``.
 
     Returns:
       ``[n]`` float32 per-list losses.
     """
-    mask = _check(scores, labels, mask)
+    mask = _check(scores, labels, where)
     fn, _ = _family(pair_loss)
     terms = fn(scores[:, :, None], scores[:, None, :])  # [n, K, K, 4]
     s = pair_types(labels[:, :, None], labels[:, None, :])
@@ -157,7 +157,8 @@ def unbiased_pairwise_loss(
     clicks: jax.Array,
     examination: jax.Array,
     joint_examination: jax.Array,
-    mask: jax.Array | None = None,
+    *,
+    where: jax.Array | None = None,
     pair_loss: str | PairLoss = "ranknet",
     correction: str = "joint",
     max_clicks: int | None = None,
@@ -169,7 +170,7 @@ def unbiased_pairwise_loss(
       clicks: ``[n, K]`` binary clicks.
       examination: ``[K]`` or ``[n, K]`` examination probabilities p_i in (0, 1].
       joint_examination: ``[K, K]`` or ``[n, K, K]`` p_ij in (0, 1] (diagonal unused).
-      mask: ``[n, K]`` bool, True for real items (default all).
+      where: ``[n, K]`` bool, True for real items (default all).
       pair_loss: a name in :data:`PAIR_LOSSES` (clicked-rows path) or a callable
         ``(f_i, f_j) -> [..., 4]`` (all ``K^2`` pairs).
       correction: see :func:`correction_matrix`.
@@ -181,7 +182,7 @@ def unbiased_pairwise_loss(
       ``[n]`` float32 per-list losses; their mean over lists is unbiased for the mean of
       :func:`pairwise_loss` on the true relevance (``correction="joint"``).
     """
-    mask = _check(scores, clicks, mask)
+    mask = _check(scores, clicks, where)
     n, k = scores.shape
     p = jnp.broadcast_to(jnp.asarray(examination, jnp.float32), (n, k))
     p_joint = jnp.broadcast_to(jnp.asarray(joint_examination, jnp.float32), (n, k, k))

@@ -79,7 +79,8 @@ def _loss(module: MLPScorer, pair_loss: str, correction: str):
     def loss_fn(params, batch, key, aux):
         examination, joint = aux
         scores = module.apply(params, batch["features"])
-        return jnp.mean(unbiased_pairwise_loss(scores, batch["targets"], examination, joint, batch["mask"], pair_loss, correction))
+        return jnp.mean(unbiased_pairwise_loss(scores, batch["targets"], examination, joint, where=batch["mask"],
+                                               pair_loss=pair_loss, correction=correction))
 
     return loss_fn
 

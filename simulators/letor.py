@@ -20,7 +20,13 @@ with malformed input, and how it is handled here:
   raises a ``ValueError`` (an ``OverflowError`` for indices beyond int32) without the line;
   only then is the file re-scanned token by token (``_locate_feature_error``) to name it.
 * ``nan`` / ``inf`` labels or values -- sklearn accepts them silently; they are rejected
-  here (vectorised check, line located from the recorded line numbers).
+  here (vectorised check, line located from the recorded line numbers). The file is parsed
+  in float64 so that finite values beyond float32's range (``1e39``), which would become
+  ``inf`` in the float32 arrays, are rejected the same way, naming their line.
+* a huge feature index (``2000000:1`` in a 4 KB file) -- sklearn's result is sparse (CSR),
+  but the padded ``[Q, Dmax, F]`` array is dense; its size is checked against
+  ``max_dense_bytes`` before it is allocated, and the error names the line that set the
+  width and the size it would need.
 * an empty file, or one with only comments and blank lines -- sklearn returns 0 rows; it
   is rejected here.
 
@@ -43,6 +49,8 @@ __all__ = ["LetorData", "load_letor", "normalize_per_query", "split_queries", "t
 
 _NORMALIZE_METHODS = ("minmax", "zscore")
 _INT32_MAX = 2**31 - 1  # sklearn stores feature indices in a C int
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+DEFAULT_MAX_DENSE_BYTES = 2 * 1024**3  # 2 GiB for the padded arrays
 
 
 class LetorData(NamedTuple):
@@ -179,6 +187,7 @@ def load_letor(
     max_docs: int | None = None,
     normalize: str | None = None,
     min_docs: int = 1,
+    max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
 ) -> LetorData:
     """Reads a LETOR/SVMlight ranking file into padded per-query arrays.
 
@@ -197,6 +206,12 @@ def load_letor(
       normalize: None, ``"minmax"`` or ``"zscore"``: per-query feature normalization,
         see :func:`normalize_per_query` (applied after ``max_docs`` truncation).
       min_docs: drop queries with fewer documents than this (counted before truncation).
+      max_dense_bytes: memory budget for the padded arrays (``features`` float32
+        ``[Q, Dmax, F]`` plus ``labels`` and ``mask``), default 2 GiB. The file is parsed
+        sparse; if the dense arrays would exceed this, a ``ValueError`` names the line
+        that set the width F (or the first line of the longest query when ``n_features``
+        is given) and the size needed, before anything that large is allocated.
+        (``normalize`` needs a few float64 temporaries of the same shape on top.)
 
     Returns:
       A :class:`LetorData` with ``features [Q, Dmax, F]``, ``labels [Q, Dmax]``,
@@ -205,16 +220,20 @@ def load_letor(
 
     Raises:
       FileNotFoundError: the file does not exist.
-      ValueError: a malformed line (the message names the file and the 1-based line
-        number), non-finite labels or values, an empty file, or no query left after
-        ``min_docs``.
+      ValueError: ``path`` is a directory; a malformed line (the message names the file
+        and the 1-based line number), non-finite labels or values or ones beyond float32's
+        range, an empty file, no query left after ``min_docs``, or dense arrays larger
+        than ``max_dense_bytes``.
     """
     path = os.fspath(path)
     n_features = _check_positive_int("n_features", n_features, allow_none=True)
     max_docs = _check_positive_int("max_docs", max_docs, allow_none=True)
     min_docs = _check_positive_int("min_docs", min_docs, allow_none=False)
+    max_dense_bytes = _check_positive_int("max_dense_bytes", max_dense_bytes, allow_none=False)
     if normalize is not None and normalize not in _NORMALIZE_METHODS:
         raise ValueError(f"normalize must be None or one of {_NORMALIZE_METHODS}, got {normalize!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a LETOR/SVMlight file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LETOR file not found: {path}")
 
@@ -226,7 +245,7 @@ def load_letor(
 
     try:
         x, y = load_svmlight_file(
-            path, n_features=n_features, dtype=np.float32, zero_based=False, query_id=False
+            path, n_features=n_features, dtype=np.float64, zero_based=False, query_id=False
         )
     except (ValueError, OverflowError) as err:
         found = _locate_feature_error(path, n_features)
@@ -236,15 +255,18 @@ def load_letor(
     if y.shape[0] != qids_per_doc.shape[0]:  # same line rules on both sides; cannot happen
         raise RuntimeError(f"{path}: {y.shape[0]} labels but {qids_per_doc.shape[0]} qids")
 
-    bad = np.flatnonzero(~np.isfinite(y))
+    # Checked in float64, before the cast: a finite value beyond float32 would become inf.
+    y = np.asarray(y, np.float64)
+    bad = np.flatnonzero(~np.isfinite(y) | (np.abs(y) > _FLOAT32_MAX))
     if bad.size:
-        raise _located(path, int(linenos[bad[0]]), f"label {y[bad[0]]} is not finite")
+        raise _located(path, int(linenos[bad[0]]), f"label {y[bad[0]]} is not finite{_beyond_float32(y[bad[0]])}")
     x = x.tocsr()
-    bad = np.flatnonzero(~np.isfinite(x.data))
+    bad = np.flatnonzero(~np.isfinite(x.data) | (np.abs(x.data) > _FLOAT32_MAX))
     if bad.size:
         row = int(np.searchsorted(x.indptr, bad[0], side="right")) - 1
         col = int(x.indices[bad[0]])
-        raise _located(path, int(linenos[row]), f"feature {col + 1} value {x.data[bad[0]]} is not finite")
+        value = x.data[bad[0]]
+        raise _located(path, int(linenos[row]), f"feature {col + 1} value {value} is not finite{_beyond_float32(value)}")
 
     # Group by qid (first-appearance order) and find each document's slot in its query.
     n_docs = qids_per_doc.shape[0]
@@ -270,6 +292,8 @@ def load_letor(
     d_max = int(kept_counts.max() if max_docs is None else min(kept_counts.max(), max_docs))
     n_q = int(keep_query.sum())
     width = int(x.shape[1])
+    _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes,
+                      group, keep_query, counts)
 
     rows = np.flatnonzero(keep_doc)
     q_of, d_of = new_index[group[rows]], slot[rows]
@@ -282,12 +306,45 @@ def load_letor(
     sel = keep_doc[entry_rows]
     entry_rows = entry_rows[sel]
     features = np.zeros((n_q, d_max, width), np.float32)
-    features[new_index[group[entry_rows]], slot[entry_rows], np.asarray(coo.col)[sel]] = coo.data[sel]
+    features[new_index[group[entry_rows]], slot[entry_rows], np.asarray(coo.col)[sel]] = coo.data[sel].astype(np.float32)
 
     if normalize is not None:
         features = normalize_per_query(features, mask, method=normalize)
     qids = qids_per_doc[np.sort(first)][keep_query]  # both in first-appearance order
     return LetorData(features, labels, mask, qids, width, path)
+
+
+def _beyond_float32(value: float) -> str:
+    if np.isfinite(value):
+        return f" in float32 (|value| > {_FLOAT32_MAX:.4g}, float32's largest)"
+    return ""
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 1024**3:.3g} GiB"
+
+
+def _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes,
+                      group, keep_query, counts) -> None:
+    """Raises before allocating padded arrays larger than ``max_dense_bytes``."""
+    need = n_q * d_max * (4 * width + 4 + 1)  # features float32, labels float32, mask bool
+    if need <= max_dense_bytes:
+        return
+    shape = f"features [Q, Dmax, F] = [{n_q}, {d_max}, {width}] float32 plus labels and mask"
+    if n_features is None and x.nnz:
+        entry = int(np.argmax(x.indices))  # first entry holding the largest index
+        row = int(np.searchsorted(x.indptr, entry, side="right")) - 1
+        where = f"line {int(linenos[row])}: feature index {width} sets the width F={width}"
+    else:
+        big = int(np.flatnonzero(keep_query)[np.argmax(counts[keep_query])])  # longest kept query
+        row = int(np.flatnonzero(group == big)[0])
+        where = (f"line {int(linenos[row])}: the longest query ({int(counts[big])} documents) starts here, "
+                 f"with width F={width}")
+    raise ValueError(
+        f"{path}, {where}; the dense {shape} would need {_gib(need)} ({need} bytes), above "
+        f"max_dense_bytes={max_dense_bytes} ({_gib(max_dense_bytes)}). Check that line, pass "
+        f"max_docs to cap Dmax, or raise max_dense_bytes."
+    )
 
 
 def normalize_per_query(features, mask, method: str = "minmax") -> np.ndarray:

@@ -73,10 +73,15 @@ class CallableLogging:
 
     The function may use NumPy, scikit-learn or JAX; it is called outside ``jit`` on
     chunks of rows, and its output is checked: shape ``[n, D]``, no NaN, no ``+inf``
-    (``-inf`` excludes an item). ``temperature`` divides the returned logits.
+    (``-inf`` excludes an item), and every row keeps at least ``ranking_length`` (L)
+    finite logits -- otherwise excluded items would fill the remaining slots of a logged
+    ranking with prefix propensities claiming probability 1, data pi_0 cannot produce.
+    Without ``ranking_length`` every row needs one finite logit. ``temperature`` divides
+    the returned logits.
     """
 
-    def __init__(self, fn: Callable[..., Any], n_items: int, temperature: float = 1.0):
+    def __init__(self, fn: Callable[..., Any], n_items: int, temperature: float = 1.0,
+                 ranking_length: int | None = None):
         if not callable(fn):
             raise TypeError(f"logging policy must be callable, got {type(fn).__name__}")
         if temperature <= 0:
@@ -84,6 +89,9 @@ class CallableLogging:
         self.fn = fn
         self.n_items = int(n_items)
         self.temperature = float(temperature)
+        if ranking_length is not None and not 1 <= int(ranking_length) <= self.n_items:
+            raise ValueError(f"ranking_length must be in [1, n_items={self.n_items}], got {ranking_length}")
+        self.ranking_length = None if ranking_length is None else int(ranking_length)
 
     def __call__(self, context: jax.Array, item_features: jax.Array | None) -> jax.Array:
         name = getattr(self.fn, "__name__", repr(self.fn))
@@ -101,12 +109,25 @@ class CallableLogging:
         if np.isnan(out).any() or np.isposinf(out).any():
             raise ValueError(f"logging policy {name!r} returned NaN or +inf logits")
         if np.isneginf(out).all(axis=1).any():
-            raise ValueError(f"logging policy {name!r} excluded every item (-inf) in some row")
+            row = int(np.flatnonzero(np.isneginf(out).all(axis=1))[0])
+            raise ValueError(f"logging policy {name!r} excluded every item (-inf) in some row (first: row {row})")
+        if self.ranking_length is not None:
+            n_finite = np.isfinite(out).sum(axis=1)
+            short = np.flatnonzero(n_finite < self.ranking_length)
+            if short.size:
+                row = int(short[0])
+                raise ValueError(
+                    f"logging policy {name!r} returned fewer than L={self.ranking_length} finite logits in "
+                    f"{short.size} row(s); first: row {row} has {int(n_finite[row])} (the others are -inf). "
+                    f"A logged ranking of length L would have to place excluded items; return at least L "
+                    f"finite logits per row, or use a shorter ranking_length"
+                )
         return jnp.asarray(out / self.temperature)
 
 
-def as_logging_policy(policy: Any, n_items: int) -> Any:
-    """Built-in policies pass through; any other callable is wrapped and checked."""
+def as_logging_policy(policy: Any, n_items: int, ranking_length: int | None = None) -> Any:
+    """Built-in policies pass through; any other callable is wrapped and checked (with
+    ``ranking_length``: at least that many finite logits per row)."""
     if isinstance(policy, (PlackettLuceLinear, UniformLogging, CallableLogging)):
         return policy
-    return CallableLogging(policy, n_items)
+    return CallableLogging(policy, n_items, ranking_length=ranking_length)

@@ -128,3 +128,85 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_dcg_weights():
     np.testing.assert_allclose(dcg_position_weights(4), [1.0, 1 / np.log2(3), 0.5, 1 / np.log2(5)], rtol=1e-6)
+
+
+# ----------------------------------------------------------- conversion at construction
+
+
+@pytest.mark.parametrize("field", ["context", "reward", "log_pi0_prefix", "position_weight", "item_features"])
+def test_float64_beyond_float32_is_an_error_naming_the_field(field):
+    arrays = _valid_arrays()
+    if field == "item_features":
+        arrays["item_features"] = np.ones((5, 2))
+    value = np.array(arrays[field], np.float64)
+    value.flat[1] = -1e39 if field == "log_pi0_prefix" else 1e39
+    arrays[field] = value
+    with pytest.raises(ValueError, match=f"LoggedData.{field}: .*beyond float32"):
+        LoggedData(**arrays)
+
+
+def test_lists_and_wide_dtypes_are_converted_to_the_documented_dtypes():
+    arrays = _valid_arrays()
+    as_lists = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
+    data = LoggedData(**as_lists, item_mask=np.ones((8, 5), bool).tolist())
+    assert data.context.dtype == np.float32 and data.reward.dtype == np.float32
+    assert data.log_pi0_prefix.dtype == np.float32 and data.position_weight.dtype == np.float32
+    assert data.ranking.dtype == np.int32 and data.item_mask.dtype == np.bool_
+    np.testing.assert_array_equal(np.asarray(data.ranking), arrays["ranking"])
+    np.testing.assert_allclose(np.asarray(data.context), arrays["context"])
+    wide = LoggedData(**{**arrays, "context": arrays["context"].astype(np.float64),
+                         "ranking": arrays["ranking"].astype(np.int64)})
+    assert wide.context.dtype == np.float32 and wide.ranking.dtype == np.int32
+    jax_wide = LoggedData(**{**arrays, "reward": jnp.asarray(arrays["reward"]), "ranking": jnp.asarray(arrays["ranking"])})
+    assert isinstance(jax_wide.reward, jax.Array) and jax_wide.reward.dtype == jnp.float32
+
+
+def test_lists_are_validated():
+    arrays = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in _valid_arrays().items()}
+    arrays["reward"][2][1] = float("nan")
+    with pytest.raises(ValueError, match="LoggedData.reward: .*non-finite.*row 2 slot 1"):
+        LoggedData(**arrays)
+    arrays = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in _valid_arrays().items()}
+    arrays["context"][3] = [1.0]  # ragged
+    with pytest.raises(ValueError, match="LoggedData.context"):
+        LoggedData(**arrays)
+    arrays = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in _valid_arrays().items()}
+    arrays["ranking"][0][0] = 2**40  # would wrap in int32: reported, not cast
+    with pytest.raises(ValueError, match="LoggedData.ranking: item indices must be in"):
+        LoggedData(**arrays)
+
+
+def test_impossible_logged_rankings_name_the_row():
+    """A ranked item the logging policy could not place: a -inf prefix log-propensity, or
+    an item the mask excludes (e.g. pi_0 had fewer than L candidates)."""
+    arrays = _valid_arrays()
+    prefix = arrays["log_pi0_prefix"].copy()
+    prefix[5, 2:] = -np.inf
+    with pytest.raises(ValueError, match=r"LoggedData.log_pi0_prefix: .*non-finite.*row 5 slot 2.*could not place"):
+        LoggedData(**{**arrays, "log_pi0_prefix": prefix})
+    mask = np.ones((8, 5), bool)
+    mask[6, arrays["ranking"][6, 1]] = False
+    with pytest.raises(ValueError, match=r"LoggedData.item_mask: row 6 ranks a masked-out item: slot 1"):
+        LoggedData(**arrays, item_mask=mask)
+
+
+@pytest.mark.parametrize("content", [b"", b"not an npz file at all", "truncated"])
+def test_load_of_a_bad_file_names_the_path(tmp_path, content):
+    path = tmp_path / "logged.npz"
+    if content == "truncated":
+        LoggedData(**_valid_arrays()).save(path)
+        whole = path.read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match="logged.npz"):
+        LoggedData.load(path)
+
+
+def test_load_of_an_npz_without_the_fields_names_the_path(tmp_path):
+    path = tmp_path / "other.npz"
+    np.savez(path, x=np.ones(3))
+    with pytest.raises(ValueError, match=r"other\.npz.*lacks"):
+        LoggedData.load(path)
+    with pytest.raises(FileNotFoundError):
+        LoggedData.load(tmp_path / "missing.npz")

@@ -272,6 +272,11 @@ BAD_FILES = {
     "duplicate": (GOOD + "0 qid:1 2:1 2:1\n", 2, "increasing"),
     "value_nan": (GOOD + GOOD + "0 qid:1 1:1 2:nan\n", 3, "not finite"),
     "value_overflow": (GOOD + "0 qid:1 1:1e40\n", 2, "not finite"),
+    # finite in float64 but beyond float32 (checked before the cast, not stored as inf)
+    "label_beyond_float32": (GOOD + "1e39 qid:1 1:0.2\n", 2, "float32"),
+    "label_beyond_float32_negative": (GOOD + GOOD + "-1e39 qid:2 1:0.2\n", 3, "label"),
+    "value_beyond_float32": (GOOD + "0 qid:1 1:1 2:1e39\n", 2, "float32"),
+    "value_beyond_float32_negative": (GOOD + "0 qid:1 1:1 2:-4e38\n", 2, "feature 2"),
 }
 
 
@@ -313,3 +318,69 @@ def test_missing_file_and_bad_args(tmp_path):
         load_letor(q, normalize="l2")
     with pytest.raises(TypeError, match="n_features"):
         load_letor(q, n_features=2.0)
+
+
+# ----------------------------------------------------------------- memory and directories
+
+
+def test_huge_feature_index_is_a_located_error_before_allocating(tmp_path):
+    """A 4 KB file with one index of 2e6 used to allocate [Q, Dmax, 2e6] densely (GBs).
+    The parse is sparse; the dense size is checked first and the error names the line."""
+    import tracemalloc
+
+    lines = [f"{i % 3} qid:{1 + i // 100} 1:0.5 3:1\n" for i in range(300)]
+    lines.insert(137, "2 qid:2 1:0.1 2000000:1\n")  # line 138
+    p = tmp_path / "wide.txt"
+    p.write_text("".join(lines))
+    assert p.stat().st_size < 8192
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as err:
+            load_letor(p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    msg = str(err.value)
+    assert str(p) in msg and "line 138:" in msg and "2000000" in msg, msg
+    assert "GiB" in msg and "max_dense_bytes" in msg, msg
+    assert peak < 64 * 2**20, peak  # nothing dense was allocated
+    # a budget that fits reads it (3 queries x 101 docs x 2e6 float32 = 2.4 GB > 2 GiB; one query fits)
+    one = tmp_path / "one.txt"
+    one.write_text("1 qid:1 1:0.5\n0 qid:1 2000000:2\n")
+    data = load_letor(one)
+    assert data.features.shape == (1, 2, 2_000_000) and data.features[0, 1, -1] == 2.0
+
+
+def test_feature_index_of_1e9_is_a_clear_error(tmp_path):
+    p = tmp_path / "huge.txt"
+    p.write_text("1 qid:1 1:0.5\n0 qid:1 2:1\n0 qid:2 1000000000:1\n")
+    with pytest.raises(ValueError, match=r"huge\.txt, line 3: feature index 1000000000 .* GiB") as err:
+        load_letor(p)
+    assert "max_dense_bytes" in str(err.value)
+
+
+def test_max_dense_bytes_budget(tmp_path):
+    p = tmp_path / "small.txt"
+    p.write_text(GOOD + "0 qid:1 1:1 7:1\n" + "0 qid:2 3:1\n")  # [2, 2, 7] features
+    assert load_letor(p, max_dense_bytes=2 * 2 * (4 * 7 + 5)).features.shape == (2, 2, 7)
+    with pytest.raises(ValueError, match=r"small\.txt, line 2: feature index 7 .*max_dense_bytes=100"):
+        load_letor(p, max_dense_bytes=100)
+    # with n_features given, the error points at the longest query
+    with pytest.raises(ValueError, match=r"small\.txt, line 1: the longest query \(2 documents\)"):
+        load_letor(p, n_features=50, max_dense_bytes=200)
+    with pytest.raises(ValueError, match="max_dense_bytes must be >= 1"):
+        load_letor(p, max_dense_bytes=0)
+
+
+def test_labels_and_values_stay_exact_at_float32_limits(tmp_path):
+    big = float(np.finfo(np.float32).max)
+    p = tmp_path / "edge.txt"
+    p.write_text(f"{big!r} qid:1 1:{-big!r}\n1e-45 qid:1 2:3.4e38\n")
+    data = load_letor(p)
+    assert data.labels[0, 0] == np.float32(big) and data.features[0, 0, 0] == -np.float32(big)
+    assert np.all(np.isfinite(data.features)) and np.all(np.isfinite(data.labels))
+
+
+def test_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="is a directory"):
+        load_letor(tmp_path)

@@ -124,13 +124,79 @@ def test_plrank3_is_unbiased_in_float64():
     assert _z_scores(grads, exact).max() < 4.0
 
 
-def test_plrank3_float32_failure_is_documented():
-    """PL-Rank-3 uses unnormalised e^f: non-finite gradients at logits of 1e3 in float32."""
+def test_plrank3_float32_is_finite_at_logits_1e3():
+    """Formerly documented a failure (unnormalised e^f gave non-finite gradients here in
+    float32); the denominators are now in log space, so value and gradient are finite."""
     logits = jnp.array([[1e3, -1e3, 5e2, 0.0, -5e2]], jnp.float32)
     rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0]], jnp.float32)
     theta = jnp.array([1.0, 0.6, 0.5], jnp.float32)
-    g = jax.grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8).sum())(logits)
-    assert not bool(jnp.all(jnp.isfinite(g)))
+    value, g = jax.value_and_grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8).sum())(logits)
+    assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(g)))
+
+
+def _plrank3_reference(logits, rel, theta, rankings):
+    """Eq. 21 in float64, one sample and one document at a time: ``denom_k`` is the
+    log-sum-exp of the documents still unplaced (never a difference of sums)."""
+    logits, rel, theta = (np.asarray(a, np.float64) for a in (logits, rel, theta))
+    rankings = np.asarray(rankings)
+    n_samples, n_slots = rankings.shape[0], rankings.shape[-1]
+    value = np.zeros(logits.shape[:-1])
+    grad = np.zeros(logits.shape)
+    for q in np.ndindex(*logits.shape[:-1]):
+        f, rho = logits[q], rel[q]
+        for i in range(n_samples):
+            y = [int(d) for d in rankings[(i,) + q]]
+            left = list(range(f.shape[0]))
+            log_den = []
+            for d in y:
+                log_den.append(np.logaddexp.reduce(f[left]))
+                left.remove(d)
+            reward = theta * rho[y]
+            pr = np.append(np.cumsum(reward[::-1])[::-1], 0.0)  # PR_k, PR_K = 0
+            value[q] += reward.sum() / n_samples
+            for d in range(f.shape[0]):
+                r = y.index(d) if d in y else n_slots - 1
+                g = pr[r + 1] if d in y else 0.0
+                g += sum(np.exp(f[d] - log_den[x]) * (rho[d] * theta[x] - pr[x]) for x in range(r + 1))
+                grad[q + (d,)] += g / n_samples
+    return value, grad
+
+
+@pytest.mark.parametrize("gap", [0.0, 17.0, 20.0, 100.0, 1e3])
+def test_plrank3_float32_matches_a_float64_reference_at_large_logit_gaps(gap):
+    """The published denominators ``sum(e^f) - cumsum(e^f)`` cancel in float32: no correct
+    digits at a logit gap of 17, NaN from about 20. In log space they stay accurate."""
+    logits = jnp.array([[gap, 0.0, 0.5, -0.5, 1.0, -1.0], [0.3 * gap, -0.2 * gap, gap, 0.0, -gap, 0.1]], jnp.float32)
+    rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0, 0.5], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], jnp.float32)
+    theta = jnp.array([1.0, 0.6, 0.5], jnp.float32)
+    # fixed rankings (the top-gap document first and elsewhere), all of D valid
+    rankings = jnp.array([[[0, 4, 2], [1, 3, 5]], [[0, 1, 2], [2, 0, 5]], [[4, 0, 3], [2, 5, 3]]], jnp.int32)
+    valid = jnp.ones(logits.shape, bool)
+    value = le._plrank3(logits, rel, theta, rankings, valid)
+    grad = jax.grad(lambda s: le._plrank3(s, rel, theta, rankings, valid).sum())(logits)
+    want_value, want_grad = _plrank3_reference(logits, rel, theta, rankings)
+    assert bool(jnp.all(jnp.isfinite(grad)))
+    np.testing.assert_allclose(np.asarray(value), want_value, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=1e-6 * np.abs(want_grad).max())
+    # and through the public function (sampled rankings): finite, and float32 == float64
+    g32 = jax.grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8).sum())(logits)
+    with jax.enable_x64(True):
+        g64 = jax.grad(lambda s: le.plrank3_utility(s, rel.astype(jnp.float64), theta.astype(jnp.float64), make_key(0), 8).sum())(
+            jnp.asarray(np.asarray(logits), jnp.float64))
+        g64 = np.asarray(g64)
+    assert np.all(np.isfinite(g64)) and bool(jnp.all(jnp.isfinite(g32)))
+    if gap <= 20.0:  # identical samples in both precisions (the top items are not near-ties)
+        np.testing.assert_allclose(np.asarray(g32), g64, rtol=1e-3, atol=1e-5 * np.abs(g64).max())
+
+
+def test_plrank3_masked_and_minus_inf_documents_at_large_gaps():
+    logits = jnp.array([[1e3, -1e3, 5e2, 0.0, -5e2, 1e3], [3.0, 1e3, -jnp.inf, 2.0, 0.0, 0.0]], jnp.float32)
+    where = jnp.array([[True] * 6, [True, True, True, True, False, False]])
+    rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0, 4.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], jnp.float32)
+    theta = jnp.array([1.0, 0.6, 0.5, 0.4], jnp.float32)
+    value, g = jax.value_and_grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8, where=where).sum())(logits)
+    assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(g)))
+    np.testing.assert_array_equal(np.asarray(g)[1, [2, 4, 5]], 0.0)  # -inf or masked: no gradient
 
 
 @pytest.mark.parametrize("name", [n for n in le.ESTIMATORS if n != "plrank3"])

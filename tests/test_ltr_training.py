@@ -56,7 +56,7 @@ def test_training_learns_a_planted_ranking(estimator):
     train, valid = _planted(96, 0), _planted(32, 1)
     cfg = LTRConfig(hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=15,
                     estimator=estimator, n_samples=8, cutoff=5)
-    history = train_ltr(train, valid, cfg, make_key(0)).history
+    history = train_ltr(train, valid, make_key(0), cfg).history
     assert len(history) == 15
     first, last = history[0]["valid_ndcg@5"], history[-1]["valid_ndcg@5"]
     assert np.isfinite([r["train_loss"] for r in history]).all()
@@ -67,11 +67,11 @@ def test_fairness_loss_decreases():
     train, valid = _planted(64, 2), _planted(32, 3)
     cfg = LTRConfig(hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=12,
                     estimator="exposure", loss="kl_fair", n_samples=8, cutoff=5)
-    history = train_ltr(train, valid, cfg, make_key(1)).history
+    history = train_ltr(train, valid, make_key(1), cfg).history
     assert history[-1]["valid_loss"] < history[0]["valid_loss"]
 
 
 def test_cutoff_larger_than_query_size_is_rejected():
     data = _planted(8, 4, n_docs=4)
     with pytest.raises(ValueError, match="cutoff K=5 exceeds"):
-        train_ltr(data, data, dataclasses.replace(LTRConfig(hidden=(4,), epochs=1, n_samples=2), cutoff=5), make_key(0))
+        train_ltr(data, data, make_key(0), dataclasses.replace(LTRConfig(hidden=(4,), epochs=1, n_samples=2), cutoff=5))

@@ -117,3 +117,64 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
         select_k(data, make_key(0), config, estimator="magic")
     with pytest.raises(ValueError, match="ks must be ints"):
         select_k(data, make_key(0), config, ks=(0, 7))
+
+
+# ------------------------------------------------------------- degenerate-weights warning
+
+
+@pytest.fixture(scope="module")
+def small_logs():
+    from opl_rank import opl_estimators as oe
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L, lam=0.0, logging_temperature=2.0)
+    data = env.sample_logged_data(make_key(1), 500, position_marginals="exact")
+    module = ActionScorer(n_items=D)
+    params = module.init(make_key(3), data.context[:1])
+    sharp = PLPolicy(module, jax.tree.map(lambda p: 1e4 * p, params), L)  # near-deterministic target
+    mild = PLPolicy(module, jax.tree.map(lambda p: 0.5 * p, params), L)
+    weight = np.asarray(oe.get("ips").terms(sharp.propensities(data, make_key(2)), data).weight)
+    return data, sharp, mild, weight
+
+
+def _evaluate_recording(policy, data, estimators):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = ope.evaluate(policy, data, make_key(5), estimators=estimators, ci="normal")
+    return results, [w for w in caught if issubclass(w.category, ope.DegenerateWeightsWarning)]
+
+
+def test_all_zero_importance_weights_warn(small_logs):
+    data, sharp, _, weight = small_logs
+    unmatched = np.flatnonzero(weight < 1e-6)  # the target never ranks these rows' logged rankings
+    assert unmatched.size > 400
+    results, caught = _evaluate_recording(sharp, data.take(unmatched), ("ips", "rips"))
+    assert results["ips"].ess == 0.0 and results["ips"].value == 0.0
+    messages = [str(w.message) for w in caught]
+    assert any("'ips'" in m and "effective sample size 0" in m for m in messages), messages
+    assert issubclass(ope.DegenerateWeightsWarning, RuntimeWarning)
+
+
+def test_one_dominating_weight_warns_without_changing_values(small_logs):
+    data, sharp, _, weight = small_logs
+    rows = np.concatenate([np.flatnonzero(weight < 1e-6)[:300], np.flatnonzero(weight > 1e-3)[:1]])
+    sub = data.take(rows)
+    prefix = np.asarray(sub.log_pi0_prefix).copy()
+    prefix[-1] += -60.0 - prefix[-1, -1]  # pi_0 of that ranking ~1e-26: one weight dominates
+    sub = sub.replace(log_pi0_prefix=jnp.asarray(prefix))
+    results, caught = _evaluate_recording(sharp, sub, ("ips", "snips"))
+    assert abs(results["ips"].value) > 1e20 and results["ips"].ess < 3.0
+    assert {str(w.message).split("'")[1] for w in caught} == {"ips", "snips"}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quiet = ope.evaluate(sharp, sub, make_key(5), estimators=("ips", "snips"), ci="normal")
+    assert quiet == results  # the warning changes no returned value
+
+
+def test_healthy_weights_do_not_warn(small_logs):
+    data, _, mild, _ = small_logs
+    _, caught = _evaluate_recording(mild, data, ("ips", "snips", "iips", "rips"))
+    assert caught == []

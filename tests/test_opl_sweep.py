@@ -65,7 +65,9 @@ def test_grid_and_rows():
         (["--set", "colour=blue"], "unknown key(s) ['colour']"),
         (["--set", "n=many"], "n[0] must be an integer"),
         (["--set", "logging_policy=no_such_module:fn"], "cannot import module 'no_such_module'"),
-        (["--set", "logging_policy=tests.user_logging:missing"], "has no function 'missing'"),
+        (["--set", "logging_policy=tests.user_logging:missing"], "has no attribute 'missing'"),
+        (["--set", "seeds=0,0"], "seeds has duplicate values [0]"),
+        (["--set", "lam=0.5,1.0,0.5"], "lam has duplicate values [0.5]"),
         (["--set", "logging_policy=greedy"], "logging_policy for synthetic must be one of ['pl', 'uniform'] or 'module:function'"),
     ],
 )

@@ -125,16 +125,16 @@ def test_clicked_rows_path_equals_all_pairs_and_respects_masks():
     p, pj = model.examination(), model.joint_examination()
     ranknet_dense = lambda a, b: jnp.stack([jnp.zeros_like(a - b), jax.nn.softplus(b - a), jax.nn.softplus(a - b), jnp.zeros_like(a - b)], -1)
     for correction in ("joint", "individual", "none"):
-        fast = unbiased_pairwise_loss(scores, clicks, p, pj, mask, "ranknet", correction)
-        dense = unbiased_pairwise_loss(scores, clicks, p, pj, mask, ranknet_dense, correction)
+        fast = unbiased_pairwise_loss(scores, clicks, p, pj, where=mask, pair_loss="ranknet", correction=correction)
+        dense = unbiased_pairwise_loss(scores, clicks, p, pj, where=mask, pair_loss=ranknet_dense, correction=correction)
         np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), rtol=1e-5, atol=1e-5)
-    capped = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, mask, max_clicks=2)
-    full = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, mask)
+    capped = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, where=mask, max_clicks=2)
+    full = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, where=mask)
     np.testing.assert_allclose(np.asarray(capped), np.asarray(full), rtol=1e-6)
     # masked-out items never contribute
     changed = scores.at[:, 0].set(jnp.where(mask[:, 0], scores[:, 0], 99.0))
-    np.testing.assert_allclose(np.asarray(unbiased_pairwise_loss(changed, clicks, p, pj, mask)),
-                               np.asarray(unbiased_pairwise_loss(scores, clicks, p, pj, mask)), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(unbiased_pairwise_loss(changed, clicks, p, pj, where=mask)),
+                               np.asarray(unbiased_pairwise_loss(scores, clicks, p, pj, where=mask)), rtol=1e-6)
 
 
 def test_bad_inputs_are_clear_errors():

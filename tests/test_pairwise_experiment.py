@@ -59,7 +59,7 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     assert len(valid) == best + 1 + config.patience < config.epochs  # stopped early, exactly patience after the best
     scores = ranker.scores(shown[held])
     kept = float(np.mean(unbiased_pairwise_loss(scores, logs.clicks[held], logs.examination, logs.joint_examination,
-                                                logs.mask[held], "ranknet", "joint")))
+                                                where=logs.mask[held], pair_loss="ranknet", correction="joint")))
     assert kept == pytest.approx(valid[best], rel=1e-5)
     no_valid = train_pairwise_ranker(make_key(4), shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
                                      logs.joint_examination, config=config)

@@ -1,0 +1,183 @@
+"""Resumable output folders: which config a folder holds, and cell files that prove it.
+
+An experiment writes each finished cell as ``cells/<name>.json``::
+
+    {"format": 2, "config_hash": "<sha256>", "opl_rank_version": "0.1.0", "cell": {...}, "rows": [...]}
+
+``config_hash`` is the SHA-256 of the resolved config (every key that can change a row;
+not the output folder or how the run is executed). On resume a cell is reused only when
+its file parses, its hash is the run's, and its rows pass the experiment's check (columns,
+row count, the cell they belong to); any other file is named, with the reason, and
+recomputed. :func:`open_run_folder` locks the folder and refuses a config that differs
+from the folder's ``config.yaml`` (naming the keys), or, with ``new_config``, moves to a
+fresh ``config-<hash8>/`` subfolder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import yaml
+
+from experiments.folder_lock import folder_lock
+from opl_rank.atomic import atomic_write_text
+
+__all__ = ["CELL_FORMAT", "BadCell", "config_hash", "write_cell", "read_cell", "open_run_folder", "RunFolder"]
+
+CELL_FORMAT = 2  # 1: a bare JSON list of rows (before config hashes)
+
+
+class BadCell(Exception):
+    """A cell file that cannot be reused; ``str`` names the file and the reason."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def _canonical(value: Any) -> Any:
+    """Tuples as lists, so a config compares equal to its YAML round trip."""
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    return value
+
+
+def _hashed(config: dict[str, Any], exclude: Sequence[str]) -> dict[str, Any]:
+    return {k: _canonical(v) for k, v in config.items() if k not in exclude}
+
+
+def config_hash(config: dict[str, Any], exclude: Sequence[str] = ("output_dir",)) -> str:
+    """SHA-256 (hex) of ``config`` without the ``exclude`` keys, independent of key order."""
+    text = json.dumps(_hashed(config, exclude), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_cell(path: str, *, cell: dict[str, Any], rows: list[dict[str, Any]], config_hash: str) -> None:
+    """Write a cell file atomically (see the module docstring for its format)."""
+    import opl_rank
+
+    record = {"format": CELL_FORMAT, "config_hash": config_hash, "opl_rank_version": opl_rank.__version__,
+              "cell": cell, "rows": rows}
+    atomic_write_text(path, json.dumps(record))
+
+
+def read_cell(path: str, *, config_hash: str, cell: dict[str, Any],
+              check_rows: Callable[[Any], str | None]) -> list[dict[str, Any]]:
+    """The rows of a cell file, or :class:`BadCell` saying why they cannot be reused."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadCell(path, f"unreadable ({err})") from err
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        what = "empty" if not text.strip() else "truncated or not JSON"
+        raise BadCell(path, f"{what} ({err})") from err
+    if isinstance(record, list):
+        raise BadCell(path, "written before cell files recorded their config (no config hash)")
+    if not isinstance(record, dict) or record.get("format") != CELL_FORMAT:
+        raise BadCell(path, f"not a cell file of format {CELL_FORMAT}")
+    if record.get("config_hash") != config_hash:
+        raise BadCell(path, f"written by another config (hash {str(record.get('config_hash'))[:8]}, this run's {config_hash[:8]})")
+    if _canonical(record.get("cell")) != _canonical(cell):
+        raise BadCell(path, f"holds cell {record.get('cell')}, expected {cell}")
+    problem = check_rows(record.get("rows"))
+    if problem:
+        raise BadCell(path, problem)
+    return record["rows"]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _differences(stored: dict[str, Any], config: dict[str, Any], exclude: Sequence[str]) -> list[str]:
+    a, b = _hashed(stored, exclude), _hashed(config, exclude)
+    out = []
+    for key in list(dict.fromkeys([*b, *a])):
+        if key not in a:
+            out.append(f"{key}: (absent) -> {_short(b[key])}")
+        elif key not in b:
+            out.append(f"{key}: {_short(a[key])} -> (absent)")
+        elif json.dumps(a[key], sort_keys=True) != json.dumps(b[key], sort_keys=True):
+            out.append(f"{key}: {_short(a[key])} -> {_short(b[key])}")
+    return out
+
+
+def _stored_config(folder: str) -> dict[str, Any] | None:
+    path = os.path.join(folder, "config.yaml")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            stored = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path} is unreadable ({err}): move it away, or use another output_dir") from err
+    if not isinstance(stored, dict):
+        raise ValueError(f"{path} is not a config mapping: move it away, or use another output_dir")
+    return stored
+
+
+class RunFolder:
+    """The folder a run writes to, its config hash, and its cell files."""
+
+    def __init__(self, path: str, config_hash: str):
+        self.path, self.config_hash = path, config_hash
+
+    def cell_path(self, name: str) -> str:
+        return os.path.join(self.path, "cells", name + ".json")
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+
+@contextlib.contextmanager
+def open_run_folder(
+    output_dir: str,
+    config: dict[str, Any],
+    *,
+    new_config: bool = False,
+    echo: Callable[[str], None] = print,
+    exclude: Sequence[str] = ("output_dir",),
+) -> Iterator[RunFolder]:
+    """Lock the run's folder, check and write its ``config.yaml``, and yield it.
+
+    The folder is ``output_dir``, unless its ``config.yaml`` holds a different config: then a
+    ``ValueError`` naming the differing keys, or with ``new_config`` the subfolder
+    ``output_dir/config-<hash8>`` (said through ``echo``). Runs before any work.
+    """
+    digest = config_hash(config, exclude)
+    sub = os.path.join(output_dir, f"config-{digest[:8]}")
+    with contextlib.ExitStack() as stack:
+        folder = output_dir
+        stack.enter_context(folder_lock(folder, echo=echo))
+        stored = _stored_config(folder)
+        diff = _differences(stored, config, exclude) if stored is not None else []
+        if diff:
+            if not new_config:
+                raise ValueError(
+                    f"{output_dir} holds results of a different config; config.yaml differs in "
+                    f"{'; '.join(diff)}. Use another output_dir, or --new-config to write to {sub}"
+                )
+            stack.close()  # release output_dir: this run works in its subfolder
+            folder = sub
+            stack.enter_context(folder_lock(folder, echo=echo))
+            stored = _stored_config(folder)
+            if stored is not None and _differences(stored, config, exclude):
+                raise ValueError(f"{folder} holds yet another config; use another output_dir")
+            echo(f"--new-config: {output_dir} holds a different config ({', '.join(d.split(':')[0] for d in diff)} "
+                 f"differ); this run writes to {folder}")
+        os.makedirs(os.path.join(folder, "cells"), exist_ok=True)
+        written = dict(config)
+        if "output_dir" in written:
+            written["output_dir"] = folder
+        atomic_write_text(os.path.join(folder, "config.yaml"), yaml.safe_dump(_canonical(written), sort_keys=False))
+        yield RunFolder(folder, digest)

@@ -1,0 +1,161 @@
+"""The maths of the OPL sweep: cells in, rows out (no files, no printing).
+
+A cell is one (D, L, tau, lambda, n, seed): one environment, one logged data set, every
+method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared set of
+evaluation contexts (paired comparisons). :func:`run_group` takes cells that differ only
+in their seed: every method is fitted on all of their data sets at once, vmapped over
+seeds, when ``vmap_seeds`` is on. Keys come from each cell's seed, never from the order
+cells run in.
+
+Rows for R-POD at k = 0 and k = L reuse the regression and DR fits of the same cell: they
+are the same estimators (k = 0 is regression, k = L is DR), fitted with the same key.
+:func:`check_rows` says whether a list of rows is what :func:`run_group` writes for a cell.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any
+
+from experiments.sweep_config import SELECTION_METHODS, OPLSweep, candidate_ks, method_rows
+from experiments.user_code import import_plugins, load_callable
+
+__all__ = ["run_group", "check_rows", "ROW_COLUMNS"]
+
+ROW_COLUMNS = (
+    "simulator", "logging_policy", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
+    "V", "V_se", "V0", "V_star", "V_star_method", "normalized_gain", "fit_seconds", "k_selected", "selector",
+)
+_CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "seed", "n": "n"}  # cell key -> row column
+
+
+@functools.lru_cache(maxsize=128)
+def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
+    """The cell's environment (from the registry) and its ground truth V(pi_0), V*
+    (shared by every n)."""
+    from opl_rank import prng
+    from simulators import environments
+    from simulators.logging_policies import CallableLogging
+
+    spec = environments.get(sweep.simulator)
+    k_env, _, k_eval, _ = prng.split_seed(seed, 4)
+    logging_policy: Any = sweep.logging_policy  # a built-in name, else a user's module:function
+    if logging_policy not in spec.logging_policies:
+        fn = load_callable(sweep.logging_policy, what="logging_policy")
+        logging_policy = CallableLogging(fn, n_items, temperature=tau)
+    env = spec.create(k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, tau=tau,
+                      logging_policy=logging_policy, config=sweep)
+    v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
+    v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
+    return env, v0, v_star, star_method
+
+
+def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows of cells that differ only in their seed. Every method is fitted on all the
+    seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_seeds`) when
+    ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from opl_rank import prng
+    from opl_rank.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
+
+    import_plugins(sweep.plugins)  # a worker process has not imported them yet
+    from opl_rank.optimization import TrainConfig
+    from opl_rank.select_k import select_k
+
+    keys = [prng.split_seed(cell["seed"], 4) for cell in group]
+    k_eval = [k[2] for k in keys]
+    k_fit = jnp.stack([k[3] for k in keys])
+    truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"]) for c in group]
+    need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
+    datas = [
+        env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none")
+        for (env, *_), k, c in zip(truth, keys, group)
+    ]
+    n_slots = group[0]["L"]
+    train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
+    reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
+    together = len(group) > 1
+
+    item_feature_dim = getattr(truth[0][0], "n_features", None) or None  # semi-synthetic: score items by features
+
+    def config(method, k, kind):
+        return LearnerConfig(
+            method, k=k, reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
+            train=train, reward_train=reward, policy_hidden=sweep.policy_hidden, reward_hidden=sweep.reward_hidden,
+            item_feature_dim=item_feature_dim,
+        )
+
+    done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}
+
+    def values_of(method, k, kind):
+        """([true value per seed], seconds per seed) of one fit, cached; R-POD at k = 0 /
+        k = L reuses the regression / DR fit (the same estimator, fitted with the same key)."""
+        alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
+        key = alias if alias is not None else (method, k, kind)
+        if key not in done:
+            start = time.perf_counter()
+            policies = fit_seeds(datas, k_fit, config(*key)) if together else [fit(datas[0], k_fit[0], config(*key))]
+            values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
+            done[key] = (values, (time.perf_counter() - start) / len(group))
+        return done[key]
+
+    rows: list[list[dict[str, Any]]] = [[] for _ in group]
+    candidates = candidate_ks(sweep, n_slots)
+    for method, k, kind in method_rows(sweep, n_slots):
+        start = time.perf_counter()
+        chosen: list[int | None] = [None] * len(group)
+        selector = ""
+        if method == "rpod-ope":
+            select_keys = jnp.stack([jax.random.fold_in(kf, 1) for kf in k_fit])
+            options = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
+            selections = [select_k(d, k, config("rpod", 0, kind), **options) for d, k in zip(datas, select_keys)]
+            chosen, selector = [sel.k for sel in selections], f"ope:{sweep.ope_estimator}"
+        elif method == "rpod-oracle":  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
+            table = np.array([[v.value for v in values_of("rpod", c, kind)[0]] for c in candidates])  # [K, S]
+            for s in range(len(group)):
+                noise_key = jax.random.fold_in(jax.random.fold_in(k_fit[s], 2), int(k * 1000))
+                noise = np.asarray(jax.random.uniform(noise_key, (len(candidates),), minval=-1.0, maxval=1.0))
+                chosen[s] = candidates[int(np.argmax(table[:, s] + noise * np.abs(table[:, s]) / k))]
+            selector = f"oracle:V/{k:g}"
+        if method in SELECTION_METHODS:
+            values = [values_of("rpod", c, kind)[0][s] for s, c in enumerate(chosen)]
+            seconds = (time.perf_counter() - start) / len(group)
+            k = None
+        else:
+            values, seconds = values_of(method, k, kind)
+        for s, cell in enumerate(group):
+            _, v0, v_star, star_method = truth[s]
+            gap = v_star.value - v0.value
+            rows[s].append({
+                "simulator": sweep.simulator, "logging_policy": sweep.logging_policy, "method": method, "k": k, "reward_model": kind,
+                "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
+                "V": values[s].value, "V_se": values[s].stderr, "V0": v0.value, "V_star": v_star.value,
+                "V_star_method": star_method, "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
+                "fit_seconds": seconds, "k_selected": chosen[s], "selector": selector,
+            })
+    return rows
+
+
+def check_rows(sweep: OPLSweep, cell: dict[str, Any], rows: Any) -> str | None:
+    """None when ``rows`` are what :func:`run_group` writes for ``cell``; else the problem."""
+    expected = method_rows(sweep, cell["L"])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "rows are not a list of objects"
+    if len(rows) != len(expected):
+        return f"{len(rows)} rows, expected {len(expected)}"
+    for i, (row, (method, k, kind)) in enumerate(zip(rows, expected)):
+        missing = [c for c in ROW_COLUMNS if c not in row]
+        if missing:
+            return f"row {i} lacks column(s) {missing}"
+        k_written = None if method in SELECTION_METHODS else k
+        if (row["method"], row["k"], row["reward_model"]) != (method, k_written, kind):
+            return f"row {i} is {(row['method'], row['k'], row['reward_model'])}, expected {(method, k_written, kind)}"
+        wrong = [col for key, col in _CELL_COLUMNS.items() if row[col] != cell[key]]
+        if wrong:
+            return f"row {i} belongs to another cell ({', '.join(f'{c}={row[c]!r}' for c in wrong)})"
+    return None

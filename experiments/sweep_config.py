@@ -1,0 +1,175 @@
+"""The OPL sweep's config: the :class:`OPLSweep` dataclass, loading, and the grid it spans.
+
+Everything here is pure: which cells a config has, which rows each cell holds
+(:func:`method_rows`), how a cell's file is named, and the resolved config written to
+``config.yaml`` (whose hash identifies every cell a config produced).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Any
+
+from experiments.config import build_dataclass, load_yaml
+from experiments.grid import as_lists, check_unique
+from experiments.user_code import import_plugins, load_callable
+
+__all__ = [
+    "OPLSweep", "load_sweep", "cells", "method_rows", "candidate_ks", "cell_name", "group_key",
+    "resolved_config", "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED",
+]
+
+SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
+GRID_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "ks", "reward_models", "oracle_noise")
+NOT_HASHED = ("output_dir",)  # the only key that cannot change a row
+
+
+@dataclasses.dataclass(frozen=True)
+class OPLSweep:
+    """A sweep config (every grid key takes a list)."""
+
+    simulator: str = "synthetic"  # "synthetic" or "semi_synthetic" (queries of a LETOR file)
+    letor_path: str | None = None  # semi_synthetic: the LETOR/SVMlight file
+    letor_normalize: str | None = None  # semi_synthetic: None, "minmax" or "zscore" per query
+    eta_scale: float = 0.05  # semi_synthetic: sd of the per-document base-reward noise
+    forest_fraction: float = 0.1  # semi_synthetic: share of queries training the random forest
+    n_items: tuple[int, ...] = (10,)
+    ranking_length: tuple[int, ...] = (5,)
+    tau: tuple[float, ...] = (1.0,)
+    lam: tuple[float, ...] = (0.0, 0.5, 1.0)
+    n: tuple[int, ...] = (1000, 2000, 4000, 8000)
+    seeds: tuple[int, ...] = tuple(range(10))
+    methods: tuple[str, ...] = ("ips", "dr", "iips", "rips", "regression", "rpod")
+    ks: tuple[int, ...] | None = None  # R-POD's k; None: every k in 0..L
+    reward_models: tuple[str, ...] = ("additive", "pairwise")
+    logging_policy: str = "pl"  # "pl" (synthetic: the paper's linear PL / tau), "random_forest"
+    # (semi_synthetic: PL over a random forest / tau), "uniform", or "module:function"
+    sigma: float = 0.5
+    interaction_scale: float = 1.0
+    eval_contexts: int = 20_000
+    policy_epochs: int = 30
+    policy_learning_rate: float = 0.05
+    reward_epochs: int = 60
+    reward_learning_rate: float = 0.02
+    batch_size: int = 256
+    n_samples: int = 4
+    ope_estimator: str = "dr"  # rpod-ope: the estimator that picks k on held-out rounds
+    ope_holdout: float = 0.3
+    oracle_noise: tuple[float, ...] = (20.0, 10.0)  # rpod-oracle: Dmax = |V| / each value
+    vmap_seeds: bool | str = "auto"  # fit a cell's seeds together, vmapped; auto: on GPU/TPU only
+    policy_hidden: tuple[int, ...] = ()  # hidden sizes of the policies' scorers (() = linear)
+    reward_hidden: tuple[int, ...] = ()  # hidden sizes of f_hat's item head
+    output_dir: str = "results/opl_synthetic"
+    plugins: tuple[str, ...] = ()  # modules imported first (and in every worker): they register
+    # estimators (opl_rank.opl_estimators.register) or environments (simulators.environments.register)
+
+    def __post_init__(self) -> None:
+        import_plugins(self.plugins)
+        from opl_rank.learners import learning_methods
+        from opl_rank.reward_models import REWARD_MODEL_KINDS
+
+        for name in ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "reward_models"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+        check_unique(self, GRID_KEYS)
+        known = list(learning_methods()) + list(SELECTION_METHODS)
+        unknown = sorted(set(self.methods) - set(known))
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; known: {known}")
+        from opl_rank.opl_estimators import ESTIMATORS
+
+        usable = [name for name, e in ESTIMATORS.items() if not e.needs_position_marginals]
+        if self.ope_estimator not in usable:
+            raise ValueError(f"ope_estimator must be one of {usable}, got {self.ope_estimator!r}")
+        if not 0.0 < self.ope_holdout < 1.0:
+            raise ValueError(f"ope_holdout must be in (0, 1), got {self.ope_holdout}")
+        from simulators import environments
+
+        spec = environments.get(self.simulator)
+        if spec.check is not None:
+            spec.check(self)
+        builtin = spec.logging_policies
+        if self.logging_policy not in builtin:
+            if ":" not in self.logging_policy:
+                raise ValueError(f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}")
+            load_callable(self.logging_policy, what="logging_policy")  # fails early, naming the problem
+        if not spec.repeats_contexts and any(kind.endswith("-two-step") for kind in self.reward_models):
+            raise ValueError(f"two-step reward models need logged rounds that share a context; simulator "
+                             f"{self.simulator!r} never repeats one (use simulator semi_synthetic)")
+        if self.vmap_seeds not in (True, False, "auto"):
+            raise ValueError(f"vmap_seeds must be true, false or auto, got {self.vmap_seeds!r}")
+        if any(v <= 0 for v in self.oracle_noise):
+            raise ValueError(f"oracle_noise values must be > 0, got {self.oracle_noise}")
+        unknown = sorted(set(self.reward_models) - set(REWARD_MODEL_KINDS))
+        if unknown:
+            raise ValueError(f"unknown reward model(s) {unknown}; known: {list(REWARD_MODEL_KINDS)}")
+        if any(not 0.0 <= v <= 1.0 for v in self.lam):
+            raise ValueError(f"lam values must be in [0, 1], got {self.lam}")
+        if any(v <= 0 for v in self.tau):
+            raise ValueError(f"tau values must be > 0, got {self.tau}")
+        if any(v < 1 for v in self.n) or any(s < 0 for s in self.seeds):
+            raise ValueError("n values must be >= 1 and seeds >= 0")
+        if any(l > d for d in self.n_items for l in self.ranking_length):
+            raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
+        if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
+            raise ValueError(f"ks must be in [0, L], got {self.ks}")
+
+
+def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
+    """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
+    from experiments.config import resolve_path
+
+    values = load_yaml(config_path)
+    values.update(overrides)
+    if values.get("letor_path"):  # as written, else relative to the config file
+        values["letor_path"] = os.path.abspath(resolve_path(str(values["letor_path"]), config_path))
+    return build_dataclass(OPLSweep, as_lists(values, OPLSweep), source=config_path)
+
+
+def resolved_config(sweep: OPLSweep) -> dict[str, Any]:
+    """The config as written to ``config.yaml`` (lists, not tuples)."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
+
+
+def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
+    """Every (D, L, tau, lambda, n, seed) cell, in a stable order."""
+    grid = itertools.product(sweep.n_items, sweep.ranking_length, sweep.tau, sweep.lam, sweep.seeds, sweep.n)
+    return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n) for d, l, t, lam, s, n in grid]
+
+
+def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:
+    """(method, k, reward model) of every row of a cell. For ``rpod-oracle`` the middle
+    entry is the noise divisor (its k is chosen in the cell); for ``rpod-ope`` it is None."""
+    from opl_rank.learners import needs_reward_model
+
+    rows: list[tuple[str, Any, str]] = []
+    for method in sweep.methods:
+        with_model = method in SELECTION_METHODS or needs_reward_model(method)
+        if not with_model:
+            rows.append((method, None, "-"))
+        for kind in sweep.reward_models if with_model else ():
+            if method == "rpod":
+                rows.extend(("rpod", k, kind) for k in candidate_ks(sweep, n_slots))
+            elif method == "rpod-oracle":
+                rows.extend(("rpod-oracle", divisor, kind) for divisor in sweep.oracle_noise)
+            else:
+                rows.append((method, None, kind))
+    return rows
+
+
+def candidate_ks(sweep: OPLSweep, n_slots: int) -> tuple[int, ...]:
+    """R-POD's k values in a cell with ``n_slots`` positions."""
+    return tuple(sweep.ks) if sweep.ks is not None else tuple(range(n_slots + 1))
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    """The cell's file name under ``cells/`` (without ``.json``)."""
+    return "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
+
+
+def group_key(sweep: OPLSweep, cell: dict[str, Any]) -> tuple:
+    """Cells with the same key share shapes and are fitted together (their seeds vmapped)."""
+    shape = tuple(cell[k] for k in ("D", "L", "tau", "lam", "n"))
+    return shape + (() if sweep.vmap_seeds else (cell["seed"],))
