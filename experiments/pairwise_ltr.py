@@ -172,7 +172,7 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
         targets = logs.relevant if variant == "relevance" else logs.clicks
         start = time.perf_counter()
         ranker = train_pairwise_ranker(
-            k_train, fit_features, targets[~is_valid], fit_mask, logs.examination, logs.joint_examination,
+            fit_features, targets[~is_valid], fit_mask, logs.examination, logs.joint_examination, k_train,
             correction=VARIANTS[variant], config=experiment.training,
             valid=(valid_features, targets[is_valid], valid_mask) if is_valid.any() else None,
         )

@@ -8,6 +8,7 @@ from opl_rank import (
     exposure_losses,
     learners,
     ltr_estimators,
+    marginals,
     metrics,
     ope,
     opl_estimators,
@@ -20,22 +21,25 @@ from opl_rank import (
     scorers,
     select_k as k_selection,
 )
-from opl_rank.data import LoggedData, dcg_position_weights, minibatches, train_val_split
+from opl_rank.data import LoggedData, minibatches, train_val_split
 from opl_rank.learners import LearnerConfig, fit, fit_seeds, learning_methods
-from opl_rank.ope import OPEResult, evaluate
-from opl_rank.opl_estimators import ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
-from opl_rank.optimization import TrainConfig, minimize
-from opl_rank.plackett_luce import (
+from opl_rank.marginals import (
     PositionMarginals,
-    all_rankings,
-    enumerate_position_marginals,
-    enumerate_ranking_probs,
     estimate_position_marginals,
     exact_position_marginals,
     exact_ranked_item_marginals,
     exact_slot_marginals,
-    placement_log_probs,
     position_marginals,
+)
+from opl_rank.metrics import dcg_position_weights
+from opl_rank.ope import OPEResult, evaluate
+from opl_rank.opl_estimators import ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
+from opl_rank.optimization import TrainConfig, minimize
+from opl_rank.plackett_luce import (
+    all_rankings,
+    enumerate_position_marginals,
+    enumerate_ranking_probs,
+    placement_log_probs,
     prefix_log_probs,
     sample_rankings,
     slot_log_probs,
@@ -54,6 +58,7 @@ __all__ = [
     "k_selection",
     "learners",
     "ltr_estimators",
+    "marginals",
     "metrics",
     "ope",
     "opl_estimators",
@@ -66,9 +71,10 @@ __all__ = [
     "scorers",
     # data
     "LoggedData",
-    "dcg_position_weights",
     "minibatches",
     "train_val_split",
+    # metrics
+    "dcg_position_weights",
     # estimators (one registry)
     "ESTIMATORS",
     "Estimator",
@@ -95,19 +101,20 @@ __all__ = [
     "RegressionPolicy",
     "TwoStagePolicy",
     # Plackett-Luce
-    "PositionMarginals",
     "all_rankings",
     "enumerate_position_marginals",
     "enumerate_ranking_probs",
+    "placement_log_probs",
+    "prefix_log_probs",
+    "sample_rankings",
+    "slot_log_probs",
+    # position marginals
+    "PositionMarginals",
     "estimate_position_marginals",
     "exact_position_marginals",
     "exact_ranked_item_marginals",
     "exact_slot_marginals",
-    "placement_log_probs",
     "position_marginals",
-    "prefix_log_probs",
-    "sample_rankings",
-    "slot_log_probs",
     # keys
     "make_key",
     "split_seed",

@@ -25,20 +25,7 @@ from flax import struct
 
 from opl_rank.atomic import atomic_write
 
-__all__ = ["LoggedData", "train_val_split", "minibatches", "dcg_position_weights"]
-
-
-def dcg_position_weights(n_slots: int) -> jax.Array:
-    """DCG position weights ``alpha_l = 1 / log2(l + 1)``, ``l = 1..L``.
-
-    Returns:
-      float32 ``[L]``.
-
-    Examples:
-      >>> [round(float(a), 4) for a in dcg_position_weights(3)]
-      [1.0, 0.6309, 0.5]
-    """
-    return 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+__all__ = ["LoggedData", "train_val_split", "minibatches"]
 
 
 class LoggedData(struct.PyTreeNode):

@@ -19,9 +19,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from opl_rank.data import dcg_position_weights
-
 __all__ = [
+    "dcg_position_weights",
     "dcg_weights",
     "precision_weights",
     "dcg_at_k",
@@ -29,8 +28,22 @@ __all__ = [
     "average_precision",
 ]
 
+
+def dcg_position_weights(n_slots: int) -> jax.Array:
+    """DCG position weights ``alpha_l = 1 / log2(l + 1)``, ``l = 1..L``.
+
+    Returns:
+      float32 ``[L]``.
+
+    Examples:
+      >>> [round(float(a), 4) for a in dcg_position_weights(3)]
+      [1.0, 0.6309, 0.5]
+    """
+    return 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+
+
 #: DCG position weights ``1 / log2(l + 1)``, ``l = 1..k`` (float32 ``[k]``); the same
-#: function as :func:`opl_rank.data.dcg_position_weights`.
+#: function as :func:`dcg_position_weights`.
 dcg_weights = dcg_position_weights
 
 _GAINS = ("exp2", "linear")

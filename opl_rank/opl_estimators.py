@@ -242,7 +242,7 @@ def iips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     """IIPS (independence): ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
 
     With a PL target the position marginals are exact and differentiable
-    (:func:`opl_rank.plackett_luce.exact_slot_marginals`), so the gradient
+    (:func:`opl_rank.marginals.exact_slot_marginals`), so the gradient
     ``sum_l alpha_l w_l r_l grad log P_pi(a_l at l)`` has no sampling noise.
     """
     if target.log_slot is None:

@@ -86,12 +86,12 @@ def _loss(module: MLPScorer, pair_loss: str, correction: str):
 
 
 def train_pairwise_ranker(
-    key: jax.Array,
     features: np.ndarray,
     targets: np.ndarray,
     mask: np.ndarray,
     examination: np.ndarray,
     joint_examination: np.ndarray,
+    key: jax.Array,
     *,
     correction: str = "joint",
     config: PairwiseTrainConfig = PairwiseTrainConfig(),
@@ -101,12 +101,12 @@ def train_pairwise_ranker(
     one training loop of :mod:`opl_rank.optimization`.
 
     Args:
-      key: PRNG key (initialisation and shuffling).
       features: ``[N, K, F]`` features of the shown documents, rank order.
       targets: ``[N, K]`` bool clicks (or relevance indicators for the oracle).
       mask: ``[N, K]`` bool shown documents.
       examination: ``[K]`` examination probabilities of the ranks.
       joint_examination: ``[K, K]`` joint examination probabilities.
+      key: PRNG key (initialisation and shuffling).
       correction: ``"joint"`` (unbiased), ``"individual"`` or ``"none"``; see
         :func:`opl_rank.pairwise.correction_matrix`.
       config: :class:`PairwiseTrainConfig`.

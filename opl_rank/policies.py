@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from opl_rank import marginals
 from opl_rank import plackett_luce as pl
 from opl_rank.data import LoggedData
 from opl_rank.opl_estimators import Propensities
@@ -85,7 +86,7 @@ class PLPolicy:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
 
         ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
-        marginals (:func:`~opl_rank.plackett_luce.exact_slot_marginals`). Both are
+        marginals (:func:`~opl_rank.marginals.exact_slot_marginals`). Both are
         differentiable in ``params``; ``data.item_mask`` excludes candidates.
         """
         logits = self.logits(data.context)
@@ -93,7 +94,7 @@ class PLPolicy:
         log_prefix = pl.prefix_log_probs(logits, ranking, where=data.item_mask)
         log_slot = None
         if slot_marginals:
-            log_slot = _log_marginal(pl.exact_slot_marginals(logits, ranking, where=data.item_mask))
+            log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
         return Propensities(log_prefix, log_slot)
 
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from opl_rank import marginals
 from opl_rank import plackett_luce as pl
 
 __all__ = [
@@ -63,7 +64,7 @@ def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_margi
     log_prefix = pl.prefix_log_probs(logits, ranking)
     reward = reward_model.sample_reward(k_reward, context, ranking)
     if position_marginals == "exact":
-        marginal = pl.exact_slot_marginals(logits, ranking)  # P(rank(a_l) = l)
+        marginal = marginals.exact_slot_marginals(logits, ranking)  # P(rank(a_l) = l)
         log_marginal = jnp.log(jnp.maximum(marginal, _MIN_MARGINAL))
     else:
         log_marginal = jnp.zeros_like(log_prefix)
@@ -111,7 +112,7 @@ def rollout_logging_policy(
         raise ValueError(f"n must be a positive int, got {n!r}")
     per_row = n_items
     if position_marginals == "exact":  # the quadrature's Poisson-binomial tables
-        per_row = max(n_items, 4 * n_slots * n_slots * pl.QUADRATURE_NODES)  # measured best
+        per_row = max(n_items, 4 * n_slots * n_slots * marginals.QUADRATURE_NODES)  # measured best
     rows = min(chunk_rows(per_row), int(n))
     n_chunks = -(-int(n) // rows)
     keys = jax.random.split(key, n_chunks)

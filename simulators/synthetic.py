@@ -25,7 +25,8 @@ from flax import struct
 
 from opl_rank import completion
 from opl_rank import plackett_luce as pl
-from opl_rank.data import LoggedData, dcg_position_weights
+from opl_rank.data import LoggedData
+from opl_rank.metrics import dcg_position_weights
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import LoggedData, make_key, ope
+from opl_rank import LoggedData, make_key, marginals, ope
 from opl_rank import plackett_luce as pl
 from opl_rank.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
@@ -45,7 +45,7 @@ def _setting():
     data = LoggedData(
         context=jax.nn.one_hot(j, M), ranking=ranking, reward=reward,
         log_pi0_prefix=pl.prefix_log_probs(logits0[j], ranking, where=mask), position_weight=alpha, n_items=D,
-        log_pi0_position_marginal=jnp.log(pl.exact_slot_marginals(logits0[j], ranking, where=mask)), item_mask=mask,
+        log_pi0_position_marginal=jnp.log(marginals.exact_slot_marginals(logits0[j], ranking, where=mask)), item_mask=mask,
     )
     # Exact V(pi) = mean over (context, candidate subset) of sum_a pi(a | x, subset) q(x, a).
     values = []

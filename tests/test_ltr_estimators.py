@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from opl_rank import ltr_estimators as le
-from opl_rank import make_key
+from opl_rank import make_key, marginals
 from opl_rank import plackett_luce as pl
 from tests import reference as ref
 
@@ -22,7 +22,7 @@ N_SAMPLES = 8
 
 
 def exact_utility(logits, relevance, theta, where=None):
-    marg = pl.exact_position_marginals(logits, theta.shape[0], where=where)  # [.., K, D]
+    marg = marginals.exact_position_marginals(logits, theta.shape[0], where=where)  # [.., K, D]
     return jnp.einsum("k,...kd,...d->...", theta, marg, relevance)
 
 
@@ -92,7 +92,7 @@ def test_original_exposure_estimator_is_biased_with_baselines():
 def test_exposure_values_and_jacobian_match_exact_exposure():
     logits, _, theta = _problem(6, 3, seed=3)
     where = jnp.array([[True] * 6, [True, True, False, True, True, True]])
-    exact_exposure = lambda s: jnp.einsum("k,...kd->...d", theta, pl.exact_position_marginals(s, 3, where=where))
+    exact_exposure = lambda s: jnp.einsum("k,...kd->...d", theta, marginals.exact_position_marginals(s, 3, where=where))
     keys = jax.random.split(make_key(77), N_KEYS)
     values = np.asarray(jax.vmap(lambda k: le.exposure(logits, theta, k, N_SAMPLES, where=where))(keys))
     want = np.asarray(exact_exposure(logits))

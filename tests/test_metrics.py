@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank.data import dcg_position_weights
 from opl_rank import metrics
-from opl_rank.metrics import dcg_at_k, dcg_weights, ndcg_at_k, precision_weights
+from opl_rank.metrics import dcg_at_k, dcg_position_weights, dcg_weights, ndcg_at_k, precision_weights
 
 
 def _ref_dcg(scores, labels, k, gain="exp2"):

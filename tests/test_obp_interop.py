@@ -9,6 +9,7 @@ obp_ope = pytest.importorskip("obp.ope")
 import jax.numpy as jnp  # noqa: E402
 
 from opl_rank import make_key  # noqa: E402
+from opl_rank import marginals  # noqa: E402
 from opl_rank import opl_estimators as oe  # noqa: E402
 from opl_rank import plackett_luce as pl  # noqa: E402
 from opl_rank.interop.obp import from_obp_slate, to_obp_slate  # noqa: E402
@@ -35,7 +36,7 @@ def test_target_propensities_match_obp_enumeration(obp_logs):
     logits = jnp.asarray(eval_logits, jnp.float32)
     prefix = np.exp(np.asarray(pl.prefix_log_probs(logits, data.ranking)))
     np.testing.assert_allclose(prefix.reshape(-1), theirs["cascade"], rtol=1e-5, atol=1e-7)
-    slot = np.asarray(pl.exact_slot_marginals(logits, data.ranking))
+    slot = np.asarray(marginals.exact_slot_marginals(logits, data.ranking))
     np.testing.assert_allclose(slot.reshape(-1), theirs["item_position"], rtol=1e-5, atol=1e-6)
 
 
@@ -44,7 +45,7 @@ def test_ips_iips_rips_equal_obp_slate_estimators(obp_logs):
     data = from_obp_slate(feedback)
     logits = jnp.asarray(eval_logits, jnp.float32)
     target = oe.Propensities(pl.prefix_log_probs(logits, data.ranking),
-                             jnp.log(pl.exact_slot_marginals(logits, data.ranking)))
+                             jnp.log(marginals.exact_slot_marginals(logits, data.ranking)))
     ours = {name: oe.get(name).terms(target, data).value for name in ("ips", "iips", "rips")}
     common = dict(slate_id=feedback["slate_id"], reward=feedback["reward"], position=feedback["position"])
     want = {

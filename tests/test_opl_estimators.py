@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import LoggedData, make_key
+from opl_rank import LoggedData, make_key, marginals
 from opl_rank import opl_estimators as oe
 from opl_rank import plackett_luce as pl
 from opl_rank.policies import PLPolicy
@@ -47,7 +47,7 @@ def _logged(env, x, key):
     ranking = pl.sample_rankings(k_rank, logits0, L)
     reward = env.reward_model.sample_reward(k_rew, xi, ranking)
     log_prefix0 = pl.prefix_log_probs(logits0, ranking)
-    marg0 = jnp.diagonal(pl.exact_ranked_item_marginals(logits0, ranking, L), axis1=-2, axis2=-1)
+    marg0 = jnp.diagonal(marginals.exact_ranked_item_marginals(logits0, ranking, L), axis1=-2, axis2=-1)
     return j, ranking, reward, log_prefix0, jnp.log(marg0)
 
 

@@ -31,8 +31,8 @@ def test_debiased_training_recovers_the_relevance_order_that_clicks_hide():
     config = PairwiseTrainConfig(hidden=(), learning_rate=0.05, epochs=15, batch_lists=256)
     weights = {}
     for correction in ("none", "joint"):
-        ranker = train_pairwise_ranker(make_key(1), shown, logs.clicks, logs.mask, logs.examination,
-                                       logs.joint_examination, correction=correction, config=config)
+        ranker = train_pairwise_ranker(shown, logs.clicks, logs.mask, logs.examination,
+                                       logs.joint_examination, make_key(1), correction=correction, config=config)
         kernel = np.asarray(ranker.params["params"]["Dense_0"]["kernel"])[:, 0]
         weights[correction] = kernel[1] / abs(kernel[0])  # weight on position relative to relevance
     assert weights["none"] > 0.3  # clicks reward being shown first
@@ -51,8 +51,8 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     shown = features[logs.query[:, None], logs.docs]
     held = logs.query < q // 3
     config = PairwiseTrainConfig(hidden=(32,), learning_rate=0.05, epochs=60, batch_lists=64, patience=3)
-    ranker = train_pairwise_ranker(make_key(4), shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
-                                   logs.joint_examination, config=config,
+    ranker = train_pairwise_ranker(shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
+                                   logs.joint_examination, make_key(4), config=config,
                                    valid=(shown[held], logs.clicks[held], logs.mask[held]))
     valid = [r["valid_loss"] for r in ranker.history]
     best = int(np.argmin(valid))
@@ -61,8 +61,8 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     kept = float(np.mean(unbiased_pairwise_loss(scores, logs.clicks[held], logs.examination, logs.joint_examination,
                                                 where=logs.mask[held], pair_loss="ranknet", correction="joint")))
     assert kept == pytest.approx(valid[best], rel=1e-5)
-    no_valid = train_pairwise_ranker(make_key(4), shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
-                                     logs.joint_examination, config=config)
+    no_valid = train_pairwise_ranker(shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
+                                     logs.joint_examination, make_key(4), config=config)
     assert len(no_valid.history) == config.epochs and "valid_loss" not in no_valid.history[0]
 
 
@@ -84,3 +84,17 @@ def test_pairwise_command_writes_tables_and_resumes(tmp_path, capsys):
     assert "[1/1]" not in capsys.readouterr().err
     assert main(["pairwise", "--config", CONFIG, "--set", "browsing=cascade", "--set", f"output_dir={out}"]) == 2
     assert "browsing must be a non-empty list of" in capsys.readouterr().err
+    # Another config into the same folder is refused, naming the key; a corrupt cell is named and recomputed.
+    changed = [a if a != "epochs=2" else "epochs=3" for a in args]
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "holds results of a different config" in err and "epochs" in err
+    (cell,) = (out / "cells").iterdir()
+    cell.write_text(cell.read_text()[:40])
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert cell.name in err and "recomputing" in err
+    with open(out / "results.csv") as f:
+        again = list(csv.DictReader(f))
+    untimed = lambda table: [{k: v for k, v in r.items() if "seconds" not in k} for r in table]  # noqa: E731
+    assert untimed(again) == untimed(rows)

@@ -95,7 +95,8 @@ def test_user_logging_policy_reads_the_documents_features(letor):
 
 
 def test_shared_prefix_pairs_group_by_context_and_prefix():
-    from opl_rank.data import LoggedData, dcg_position_weights
+    from opl_rank.data import LoggedData
+    from opl_rank.metrics import dcg_position_weights
     from opl_rank.reward_models import shared_prefix_pairs
 
     context = jnp.asarray([[0.0], [1.0], [0.0], [0.0], [1.0], [2.0]])

@@ -1,0 +1,198 @@
+"""A sweep never writes a silently wrong table: kill -9 at random points resumes to the
+identical table; corrupt or foreign cell files are named and recomputed; a changed config
+into the same folder is refused (or moved to a subfolder with ``--new-config``); one run per
+folder; worker processes die with their parent."""
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.cli import main
+from experiments.folder_lock import folder_lock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = "experiments/configs/synthetic_opl_small.yaml"
+SMALL = [
+    "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.5", "--set", "n=300",
+    "--set", "methods=ips,regression", "--set", "ks=1", "--set", "reward_models=additive",
+    "--set", "eval_contexts=500", "--set", "policy_epochs=2", "--set", "reward_epochs=2",
+    "--set", "vmap_seeds=false",
+]
+
+
+def _sweep_args(out, seeds="0,1", *extra):
+    return ["sweep", "--config", CONFIG, *SMALL, "--set", f"seeds={seeds}", "--set", f"output_dir={out}", *extra]
+
+
+def _table(path):
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)]
+
+
+def _subprocess_sweep(out, seeds, cache, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.cli", "sweep", "--config", CONFIG, *SMALL, "--set", f"seeds={seeds}",
+         "--set", f"output_dir={out}", "--compilation-cache", str(cache), *extra],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_a_changed_config_is_refused_before_any_work_or_goes_to_a_new_subfolder(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(_sweep_args(out, "0", "--json")) == 0
+    capsys.readouterr()
+    before = (out / "results.csv").read_text()
+    cell_times = {p: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
+
+    # Other methods into the same folder: an error naming the key, and nothing touched.
+    changed = _sweep_args(out, "0", "--set", "methods=ips,rips")
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "holds results of a different config" in err and "methods" in err and "--new-config" in err
+    assert (out / "results.csv").read_text() == before
+    assert {p: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == cell_times
+    assert "- regression" in (out / "config.yaml").read_text()
+
+    # --new-config: a fresh subfolder whose config.yaml and results.csv agree.
+    assert main([*changed, "--new-config", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sub = summary["output_dir"]
+    assert os.path.dirname(sub) == str(out) and os.path.basename(sub).startswith("config-")
+    assert summary["resumed"] == 0
+    assert {r["method"] for r in _table(os.path.join(sub, "results.csv"))} == {"ips", "rips"}
+    assert "- rips" in open(os.path.join(sub, "config.yaml")).read()
+    assert (out / "results.csv").read_text() == before  # the first run's table is untouched
+
+
+def test_bad_cell_files_are_named_and_recomputed(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = _sweep_args(out, "0,1,2,3", "--json")
+    assert main(args) == 0
+    capsys.readouterr()
+    reference = _table(out / "results.csv")
+    cells = sorted((out / "cells").iterdir())
+    assert len(cells) == 4
+    text = cells[0].read_text()
+    cells[0].write_text(text[: len(text) // 2])  # truncated
+    cells[1].write_text("[]")  # the old bare-list format, and no rows
+    record = json.loads(cells[2].read_text())
+    record["config_hash"] = "0" * 64  # written by another config
+    cells[2].write_text(json.dumps(record))
+    record = json.loads(cells[3].read_text())
+    record["rows"] = record["rows"][:-1]  # a row missing
+    cells[3].write_text(json.dumps(record))
+
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["resumed"] == 0
+    for path, reason in zip(cells, ["truncated or not JSON", "no config hash", "written by another config", "row"]):
+        line = next(line for line in captured.err.splitlines() if path.name in line and "recomputing" in line)
+        assert reason in line, line
+    assert _table(out / "results.csv") == reference
+
+
+def test_one_run_per_folder(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    with folder_lock(str(out), echo=lambda _: None) as holder:
+        assert main(_sweep_args(out, "0")) == 2
+    err = capsys.readouterr().err
+    assert f"in use by pid {holder['pid']}" in err
+    assert not (out / "results.csv").exists()
+    assert main(_sweep_args(out, "0")) == 0  # released when the holder is done
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsys):
+    seeds = "0,1,2,3,4,5"
+    cache = tmp_path / "jax"
+    reference_dir = tmp_path / "reference"
+    assert main([*_sweep_args(reference_dir, seeds), "--compilation-cache", str(cache)]) == 0
+    capsys.readouterr()
+    reference = _table(reference_dir / "results.csv")
+    assert len(reference) == 6 * 2
+
+    out = tmp_path / "killed"
+    cells = out / "cells"
+
+    def finished():
+        return len([p for p in cells.iterdir() if p.suffix == ".json"]) if cells.exists() else 0
+
+    rng = random.Random(0)
+    progress = []
+    for attempt in range(5):
+        # The first kill lands during start-up; later ones after one or two more cells
+        # were written, plus a random fraction of a second (mid-cell, mid-write, ...).
+        target = 0 if attempt == 0 else min(finished() + rng.randint(1, 2), 4)
+        proc = _subprocess_sweep(out, seeds, cache)
+        deadline = time.monotonic() + 120
+        while finished() < target and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        progress.append(finished())
+        assert proc.returncode == -signal.SIGKILL, (progress, proc.stderr.read())
+    assert progress[0] < 6 and any(0 < p < 6 for p in progress), progress  # kills landed mid-sweep
+    final = _subprocess_sweep(out, seeds, cache)
+    _, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err
+    assert _table(out / "results.csv") == reference
+
+
+def _children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads the process table from /proc (Linux)")
+def test_worker_processes_die_with_their_parent(tmp_path):
+    proc = _subprocess_sweep(tmp_path / "sweep", "0,1,2,3", tmp_path / "jax", "--backend", "processes", "--workers", "2")
+    deadline = time.monotonic() + 60
+    workers = []
+    while time.monotonic() < deadline and len(workers) < 2:
+        time.sleep(0.2)
+        workers = [p for p in _children(proc.pid) if b"spawn_main" in _cmdline(p)]
+    assert len(workers) >= 2, "the sweep did not start its worker processes"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        time.sleep(0.2)
+    survivors = [p for p in workers if _alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, f"worker processes {survivors} outlived their killed parent"
