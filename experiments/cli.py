@@ -8,6 +8,11 @@ Subcommands:
   report     markdown tables of a sweep's results: normalised gain per method, and winners.
   pairwise   the pairwise-debiasing reproduction: rankers trained on simulated clicks
              (biased, IPS, debiased) and on relevance, NDCG@{1,3,5,10} and MAP on test queries.
+  fit        learn a ranking policy from your own logs (.parquet, .csv, .npz; schema in
+             docs/data_format.md) and save it (--k auto: R-POD's k chosen by OPE).
+  evaluate   off-policy estimates of a saved policy's value on logs (dm, ips, snips, dr, iips,
+             rips, topk: value, SE, CI, ESS).
+  rank       rank a table of contexts with a saved policy (greedy, or --sample).
 
 Kept short: parsing and printing only; everything else is a library call.
 """
@@ -118,7 +123,103 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("results", help="a sweep's results.csv")
     report.add_argument("--output", default=None, help="also write the markdown here (atomically)")
     report.add_argument("--plots", default=None, metavar="DIR", help="also write the standard PNG plots here")
+    _add_byo_parsers(sub)
     return parser
+
+
+def _add_byo_parsers(sub: Any) -> None:
+    """``fit``, ``evaluate`` and ``rank`` (experiments/byo_logs.py; docs/data_format.md)."""
+    logs_help = "logged rounds: .parquet or .csv (schema: docs/data_format.md) or .npz (LoggedData.save)"
+    fit = sub.add_parser(
+        "fit",
+        help="learn a ranking policy from logged data and save it",
+        description="Fit a ranking policy on logged rounds with any learning method (R-POD by default) "
+        "and save it to a directory (policy.json and params.msgpack) for `evaluate` and `rank`.",
+    )
+    fit.add_argument("--data", required=True, help=logs_help)
+    fit.add_argument("--out", required=True, metavar="DIR", help="directory to save the policy in")
+    fit.add_argument("--method", default="rpod",
+                     help="learning method: an estimator (ips, snips, dr, dm, iips, rips, or a registered one), "
+                     "regression, or rpod (default rpod)")
+    fit.add_argument("--k", default=None,
+                     help="R-POD's top-k length: an int in [0, L], or 'auto' to choose it by OPE on a hold-out "
+                     "split (the default for rpod)")
+    fit.add_argument("--reward-model", default="additive",
+                     help="f_hat's kind: additive, pairwise, additive-two-step, pairwise-two-step (default additive)")
+    fit.add_argument("--epochs", type=int, default=None, help="policy training epochs (default 30)")
+    fit.add_argument("--reward-epochs", type=int, default=None, help="reward-model training epochs (default 60)")
+    fit.add_argument("--batch-size", type=int, default=None, help="rows per step (default 256)")
+    fit.add_argument("--learning-rate", type=float, default=None, help="policy learning rate (default 0.05)")
+    fit.add_argument("--k-estimator", default="dr", help="OPE estimator that chooses k under --k auto (default dr)")
+    fit.add_argument("--k-candidates", default=None, metavar="K1,K2,...",
+                     help="the k values --k auto compares (default every k in 0..L)")
+    fit.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: inferred)")
+    fit.add_argument("--alpha", default=None, help="position weights, comma-separated, when the file does not record "
+                     "them (default DCG)")
+    fit.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
+    fit.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="off-policy evaluation of a saved policy on logged data",
+        description="Estimate a saved policy's value on logged rounds with dm, ips, snips, dr, iips (when the "
+        "logs have position marginals), rips and topk: value, standard error, confidence interval and "
+        "effective sample size. The reward model of dm/dr/topk is fitted on these logs.",
+    )
+    ev.add_argument("--policy", required=True, metavar="DIR", help="a directory written by `opl-rank fit`")
+    ev.add_argument("--data", required=True, help=logs_help)
+    ev.add_argument("--estimators", default=None,
+                    help="comma-separated estimators (default dm,ips,snips,dr,iips,rips,topk)")
+    ev.add_argument("--reward-model", default=None,
+                    help="f_hat's kind for dm/dr/topk (default: the policy's, else additive)")
+    ev.add_argument("--ci", default="normal", help="interval method: normal (delta method) or bootstrap (default normal)")
+    ev.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
+    ev.add_argument("--n-samples", type=int, default=256, help="rankings sampled per round for model terms (default 256)")
+    ev.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: the policy's)")
+    ev.add_argument("--alpha", default=None, help="position weights, comma-separated, when the file does not record "
+                    "them (default DCG)")
+    ev.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
+
+    rank = sub.add_parser(
+        "rank",
+        help="rank a table of contexts with a saved policy",
+        description="Read contexts (a `context` list column, optionally `item_mask`; other columns are passed "
+        "through) and write them with a `ranking` list column: the most probable ranking by default, "
+        "a sampled one (and its `log_prob`) with --sample.",
+    )
+    rank.add_argument("--policy", required=True, metavar="DIR", help="a directory written by `opl-rank fit`")
+    rank.add_argument("--contexts", required=True, help="contexts: .parquet or .csv with a `context` list column")
+    rank.add_argument("--out", required=True, help="output table: .parquet or .csv")
+    rank.add_argument("--sample", action="store_true", help="sample rankings from the policy instead of the greedy ranking")
+    rank.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
+    rank.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Run fit / evaluate / rank: (summary, its text form)."""
+    from experiments import byo_logs
+
+    if args.command == "fit":
+        summary = byo_logs.run_fit(
+            data=args.data, out=args.out, method=args.method, k=args.k, reward_model=args.reward_model,
+            epochs=args.epochs, reward_epochs=args.reward_epochs, batch_size=args.batch_size,
+            learning_rate=args.learning_rate, k_estimator=args.k_estimator, k_candidates=args.k_candidates,
+            n_items=args.n_items,
+            alpha=byo_logs.parse_alpha(args.alpha), seed=args.seed,
+        )
+        return summary, byo_logs.format_fit(summary)
+    if args.command == "evaluate":
+        estimators = None if args.estimators is None else [e.strip() for e in args.estimators.split(",") if e.strip()]
+        summary = byo_logs.run_evaluate(
+            policy=args.policy, data=args.data, estimators=estimators, reward_model=args.reward_model, ci=args.ci,
+            level=args.level, n_samples=args.n_samples, seed=args.seed, n_items=args.n_items,
+            alpha=byo_logs.parse_alpha(args.alpha),
+        )
+        return summary, byo_logs.format_evaluation(summary)
+    summary = byo_logs.run_rank(policy=args.policy, contexts=args.contexts, out=args.out, sample=args.sample, seed=args.seed)
+    width = max(len(name) for name in summary)
+    return summary, "\n".join(f"{name:<{width}}  {value}" for name, value in summary.items())
 
 
 def _simulate(args: argparse.Namespace) -> dict[str, Any]:
@@ -237,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = _pairwise(args)
         elif args.command == "report":
             _report(args)
+            return 0
+        elif args.command in ("fit", "evaluate", "rank"):
+            summary, text = _byo(args)
+            print(json.dumps(summary) if args.json else text)
             return 0
         else:  # pragma: no cover - argparse rejects unknown subcommands
             parser.error(f"unknown command {args.command!r}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 from typing import Any, Callable
@@ -12,6 +10,7 @@ from typing import Any, Callable
 import yaml
 
 from experiments.config import build_with_training, load_yaml, resolve_path
+from experiments.tables import write_csv
 from opl_rank.ltr_training import LTRConfig
 
 __all__ = ["LTRExperiment", "run_ltr"]
@@ -81,11 +80,7 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -
     }
     if experiment.output_dir:
         out = experiment.output_dir
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
-        atomic.atomic_write_text(os.path.join(out, "history.csv"), buf.getvalue())
+        write_csv(os.path.join(out, "history.csv"), history)
         resolved = {k: v for k, v in dataclasses.asdict(experiment).items() if k != "training"}
         resolved.update(dataclasses.asdict(cfg), hidden=list(cfg.hidden))
         atomic.atomic_write_text(os.path.join(out, "config.yaml"), yaml.safe_dump(resolved, sort_keys=False))

@@ -14,6 +14,7 @@ from opl_rank import (
     opl_estimators,
     optimization,
     pairwise,
+    persistence,
     plackett_luce,
     policies,
     prng,
@@ -44,7 +45,8 @@ from opl_rank.plackett_luce import (
     sample_rankings,
     slot_log_probs,
 )
-from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.persistence import load_policy, save_policy
+from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
 from opl_rank.prng import make_key, split_seed
 from opl_rank.reward_models import RewardModel, fit_reward_model
 from opl_rank.select_k import KSelection, select_k
@@ -64,6 +66,7 @@ __all__ = [
     "opl_estimators",
     "optimization",
     "pairwise",
+    "persistence",
     "plackett_luce",
     "policies",
     "prng",
@@ -100,6 +103,9 @@ __all__ = [
     "PLPolicy",
     "RegressionPolicy",
     "TwoStagePolicy",
+    "greedy_rankings",
+    "save_policy",
+    "load_policy",
     # Plackett-Luce
     "all_rankings",
     "enumerate_position_marginals",

@@ -231,7 +231,7 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         out["policy"] = train_jit(
             _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, data.context[:1]), data, k_fit,
             epochs=train.epochs, batch_size=train.batch_size, aux=reward_params, valid=valid,
-            patience=train.patience if valid is not None else None,
+            patience=train.patience if valid is not None else None, devices=train.devices,
         )
     return out
 

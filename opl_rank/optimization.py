@@ -12,6 +12,14 @@ rows (the remainder of the shuffle is skipped). Early stopping: after each epoch
 validation loss is computed; after ``patience`` epochs without a lower one the run stops
 (the remaining epochs do nothing) and the parameters with the lowest validation loss are
 returned.
+
+Data parallel (``TrainConfig.devices``, ``train(..., devices=...)``): every minibatch's rows
+are split over a 1-D ``jax.sharding.Mesh`` of devices (axis ``"data"``) by XLA's automatic
+SPMD partitioning -- the batch is constrained to ``PartitionSpec("data")`` on its row axis,
+while the parameters, the optimiser state, the keys and the logged data (from which each
+device gathers its rows of every shuffled batch) are replicated; the gradient is
+all-reduced by the compiler. Off by default (``devices=None``: one device, exactly the
+results of a run without this option). docs/performance.md §10.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import optax
 
 from opl_rank.data import LoggedData
 
-__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "train", "train_jit", "minimize", "listen", "print_epoch", "OPTIMIZERS"]
+__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "train", "train_jit", "minimize", "listen", "print_epoch", "OPTIMIZERS",
+           "data_mesh"]
 
 LossFn = Callable[[Any, Any, jax.Array, Any], jax.Array]  # (params, batch, key, aux) -> scalar
 
@@ -74,6 +83,16 @@ class TrainConfig:
       optimizer: a name in :data:`OPTIMIZERS` (``minimize(..., optimizer=...)`` takes any
         ``optax.GradientTransformation`` instead).
       weight_decay: decoupled weight decay (``adamw``).
+      devices: data parallelism. None (default): one device, as without this option. An
+        int ``m`` or ``"all"`` (every visible device, ``jax.device_count()``): each
+        minibatch's rows are sharded over a 1-D mesh of the first ``m`` devices of
+        ``jax.devices()`` (axis ``"data"``); parameters, optimiser state and the logged
+        data are replicated on them, gradients are all-reduced by XLA. The batch
+        (``batch_size`` capped at ``n``) must be divisible by ``m`` (a ValueError otherwise;
+        no padding, which would change the estimator). Same estimator and same random
+        numbers: the learned parameters match one device's up to float rounding (sums are
+        reduced in another order). ``m = 1`` is a mesh of one device. Learners train
+        f_hat with ``LearnerConfig.reward_train``: set ``devices`` there too.
     """
 
     epochs: int = 30
@@ -83,6 +102,7 @@ class TrainConfig:
     progress: bool = False
     optimizer: str = "adam"
     weight_decay: float = 0.0
+    devices: int | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -99,6 +119,7 @@ class TrainConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.weight_decay and self.optimizer != "adamw":
             raise ValueError(f"weight_decay is for optimizer 'adamw', got optimizer {self.optimizer!r}")
+        _check_devices(self.devices)
 
     def make_optimizer(self) -> optax.GradientTransformation:
         return make_optimizer(self.optimizer, float(self.learning_rate), float(self.weight_decay))
@@ -114,6 +135,50 @@ class TrainResult(NamedTuple):
 
     params: Any
     history: Any
+
+
+def _check_devices(devices: Any) -> None:
+    if devices is None or devices == "all":
+        return
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ValueError(f"devices must be None, 'all' or a positive int, got {devices!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def data_mesh(devices: int | str | None) -> jax.sharding.Mesh | None:
+    """The 1-D mesh (axis ``"data"``) of the first ``devices`` devices of ``jax.devices()``
+    (``"all"``: every one); None for ``devices=None`` (no data parallelism)."""
+    _check_devices(devices)
+    if devices is None:
+        return None
+    available = jax.devices()
+    count = len(available) if devices == "all" else devices
+    if count > len(available):
+        raise ValueError(
+            f"devices={devices} but only {len(available)} {available[0].platform} device(s) are visible "
+            "(CPU: set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)"
+        )
+    return jax.sharding.Mesh(np.array(available[:count]), ("data",))
+
+
+def _shard_rows(tree: Any, mesh: jax.sharding.Mesh | None, axis: int) -> Any:
+    """Constrain every leaf's ``axis`` (the rows of a batch) to the mesh's ``"data"`` axis."""
+    if mesh is None:
+        return tree
+    spec = jax.sharding.PartitionSpec(*([None] * axis), "data")
+    return jax.lax.with_sharding_constraint(tree, jax.sharding.NamedSharding(mesh, spec))
+
+
+def _replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+    """Concrete arrays of ``tree`` replicated on every device of the mesh (tracers as they are)."""
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def put(x):
+        if isinstance(x, (jax.Array, np.ndarray)) and not isinstance(x, jax.core.Tracer):
+            return jax.device_put(x, replicated)
+        return x
+
+    return jax.tree.map(put, tree)
 
 
 def _rows_of(data: Any) -> dict[str, jax.Array]:
@@ -143,6 +208,7 @@ def train(
     patience: int | None = None,
     metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None,
     listener: jax.Array | None = None,
+    devices: int | str | None = None,
 ) -> TrainResult:
     """The training run as a pure function (jit-able, vmappable over seeds).
 
@@ -161,12 +227,21 @@ def train(
       metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
       listener: an int32 token from :func:`listen`: its host callback receives every
         epoch's record as the run goes (progress, timing); results do not depend on it.
+      devices: data parallelism (static; see :class:`TrainConfig`): None, a device count
+        or ``"all"``. Call through :func:`train_jit`, which also replicates the inputs on
+        the devices.
 
     Returns:
       :class:`TrainResult` with history arrays ``[epochs]``.
     """
     n = _n_rows(data)
     batch = min(batch_size, n)
+    mesh = data_mesh(devices)
+    if mesh is not None and batch % mesh.size:
+        raise ValueError(
+            f"data parallel training over {mesh.size} devices needs a batch divisible by the device count: "
+            f"batch_size={batch_size}{f' (capped at n={n} rows)' if batch < batch_size else ''} is not a multiple of {mesh.size}"
+        )
     n_batches = n // batch
     n_keys = -(-n_batches // _KEY_BLOCK) * _KEY_BLOCK
     row_names = list(_rows_of(data))
@@ -176,6 +251,7 @@ def train(
     def step(carry, inputs):
         params, opt_state = carry
         batch_rows, k = inputs
+        batch_rows = _shard_rows(batch_rows, mesh, 0)
         loss, grads = jax.value_and_grad(loss_fn)(params, _with_rows(data, batch_rows), k, aux)
         # optax mixes Python floats and int32 counts: valid under standard promotion only
         # (users and our tests may set jax_numpy_dtype_promotion="strict").
@@ -192,7 +268,7 @@ def train(
         k_perm, k_steps = jax.random.split(k_epoch)
         order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
         rows = _rows_of(data)
-        blocks = {name: rows[name][order] for name in row_names}
+        blocks = _shard_rows({name: rows[name][order] for name in row_names}, mesh, 1)
         step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
         (params, opt_state), (losses, finite) = jax.lax.scan(step, (params, opt_state), (blocks, step_keys))
         first_bad = jnp.where(jnp.all(finite), -1, jnp.argmin(finite))
@@ -257,8 +333,44 @@ def print_epoch(epochs: int) -> Callable[[int, dict[str, float]], None]:
     return show
 
 
-_STATIC = ("loss_fn", "optimizer", "epochs", "batch_size", "valid_loss_fn", "patience", "metrics_fn")
-train_jit = jax.jit(train, static_argnames=_STATIC)
+_STATIC = ("loss_fn", "optimizer", "epochs", "batch_size", "valid_loss_fn", "patience", "metrics_fn", "devices")
+_train_compiled = jax.jit(train, static_argnames=_STATIC)
+
+
+def train_jit(loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, data: Any, key: jax.Array,
+              **options: Any) -> TrainResult:
+    """:func:`train`, jit-compiled (static: the functions, the optimiser and the ints).
+
+    With ``devices`` set the concrete inputs are first replicated on the mesh's devices
+    (arrays committed to one device could not meet a computation over several).
+    ``train_jit.lower`` lowers without placing anything.
+    """
+    devices = options.get("devices")
+    if devices is None:
+        return _train_compiled(loss_fn, optimizer, params, data, key, **options)
+    mesh = data_mesh(devices)
+    params, data, key = _replicate((params, data, key), mesh)
+    options.update({name: _replicate(options[name], mesh) for name in ("aux", "valid", "listener") if options.get(name) is not None})
+    with _partitioner_for(key):
+        return _train_compiled(loss_fn, optimizer, params, data, key, **options)
+
+
+def _partitioner_for(key: jax.Array) -> contextlib.AbstractContextManager:
+    """JAX 0.10's Shardy partitioner cannot compile philox keys' ``mulhi`` over several
+    devices ("Unable to convert MHLO to StableHLO"); such runs use the GSPMD partitioner
+    (same partitioned program, same numbers). Other keys use JAX's default."""
+    try:
+        philox = "philox" in str(jax.random.key_impl(key))
+    except (TypeError, ValueError):  # a raw uint32 key: threefry
+        philox = False
+    if not philox or not jax.config.jax_use_shardy_partitioner:
+        return contextlib.nullcontext()
+    from jax._src import config as jax_config  # the flag's context manager (no public one)
+
+    return jax_config.use_shardy_partitioner(False)
+
+
+train_jit.lower = _train_compiled.lower
 
 
 def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
@@ -335,7 +447,7 @@ def minimize(
         result = train_jit(
             loss_fn, optimizer or config.make_optimizer(), params, data, key,
             epochs=config.epochs, batch_size=config.batch_size, aux=aux, valid=valid, valid_loss_fn=valid_loss_fn,
-            patience=config.patience, metrics_fn=metrics_fn, listener=token,
+            patience=config.patience, metrics_fn=metrics_fn, listener=token, devices=config.devices,
         )
         jax.block_until_ready(result)
     check_finite(result.history, name)

@@ -25,7 +25,7 @@ from opl_rank import plackett_luce as pl
 from opl_rank.data import LoggedData
 from opl_rank.opl_estimators import Propensities
 
-__all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL"]
+__all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL", "greedy_rankings"]
 
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
 # so a logged item's marginal is never rounded to an impossible 0.
@@ -187,3 +187,23 @@ class TwoStagePolicy:
         tails = self.reward_model.complete(context, prefixes, where=where)[..., k:]  # [P, n, L-k]
         beyond = jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
         return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))
+
+
+def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+    """The most probable ranking of each row, without sampling: ``[n, dx] -> [n, L]`` int32.
+
+    A PLPolicy ranks its top ``n_slots`` items by logit (the PL mode); a TwoStagePolicy
+    completes its first stage's greedy top k with f_hat (Eq. 13); a deterministic policy
+    (RegressionPolicy) is its own ranking. ``where`` (bool ``[n, D]``) excludes candidates.
+    """
+    if isinstance(policy, PLPolicy):
+        logits = policy.logits(context)
+        if where is not None:
+            logits = jnp.where(where, logits, -jnp.inf)
+        return jax.lax.top_k(logits, policy.n_slots)[1].astype(jnp.int32)
+    if isinstance(policy, TwoStagePolicy):
+        head = greedy_rankings(policy.first_stage, context, where=where)
+        return policy.reward_model.complete(context, head, where=where).astype(jnp.int32)
+    if getattr(policy, "deterministic", False):
+        return policy.sample(None, context, where=where)
+    raise TypeError(f"greedy_rankings knows PLPolicy, TwoStagePolicy and deterministic policies, got {type(policy).__name__}")

@@ -222,6 +222,7 @@ def train_reward_params(
     return train_jit(
         _least_squares(module, target), config.make_optimizer(), params, data, k_fit,
         epochs=config.epochs, batch_size=config.batch_size, valid=valid, patience=config.patience if valid is not None else None,
+        devices=config.devices,
     )
 
 

@@ -70,6 +70,7 @@ def test_load_callable_rejects_non_callables():
         load_callable("math:pi")
 
 
+@pytest.mark.slow
 def test_console_script_module_runs():
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.cli", "simulate", "--n", "30", "-D", "4", "-L", "2", "--value-contexts", "50"],
@@ -82,6 +83,7 @@ def test_console_script_module_runs():
 LTR_CONFIG = "experiments/configs/ltr_exposure.yaml"
 
 
+@pytest.mark.slow
 def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
     from simulators import datasets
 

@@ -67,6 +67,7 @@ def test_logged_rankings_use_only_each_rows_candidates(setting):
     assert shown.all()
 
 
+@pytest.mark.slow
 def test_ope_matches_the_exact_masked_value(setting):
     data, policy, truth = setting
     model = fit_reward_model(data, make_key(4), config=TrainConfig(epochs=3, batch_size=512, learning_rate=5e-2))
@@ -79,6 +80,7 @@ def test_ope_matches_the_exact_masked_value(setting):
     assert abs(unmasked.value - truth) > 10 * unmasked.stderr
 
 
+@pytest.mark.slow
 def test_policies_and_completion_never_rank_an_excluded_candidate(setting):
     data, policy, _ = setting
     rows = data.take(np.arange(500))
@@ -92,6 +94,7 @@ def test_policies_and_completion_never_rank_an_excluded_candidate(setting):
 
 
 @pytest.mark.parametrize("method", ["ips", "rips", "iips", "dr"])
+@pytest.mark.slow
 def test_learners_train_on_masked_logs_and_beat_the_logging_policy(setting, method):
     data, _, _ = setting
     train = TrainConfig(epochs=4, batch_size=512, learning_rate=0.1)

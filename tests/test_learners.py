@@ -100,6 +100,7 @@ def test_k_above_l_and_missing_marginals_are_clear_errors(setting):
         fit(no_marginals, make_key(0), _config("iips"))
 
 
+@pytest.mark.slow
 def test_degenerate_inputs_give_finite_policies(setting):
     env, data, _ = setting
     x = env.sample_contexts(make_key(11), 20)
@@ -115,6 +116,7 @@ def test_degenerate_inputs_give_finite_policies(setting):
     np.testing.assert_allclose(np.asarray(untouched.logits(x)), np.asarray(init.logits(x)), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_refitting_with_new_lambda_or_seed_does_not_recompile(setting, caplog):
     env, data, _ = setting
     config = _config("rpod", k=1)
@@ -135,6 +137,7 @@ def test_refitting_with_new_lambda_or_seed_does_not_recompile(setting, caplog):
     [_config("ips"), _config("rpod", k=1, reward_model="pairwise"), _config("regression")],
     ids=["ips", "rpod-1-pairwise", "regression"],
 )
+@pytest.mark.slow
 def test_fits_vmapped_over_seeds_match_one_by_one_fits(setting, config):
     """fit_seeds (vmapped over seeds) = fit per seed, up to float rounding."""
     env, data, _ = setting

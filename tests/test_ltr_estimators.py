@@ -89,6 +89,7 @@ def test_original_exposure_estimator_is_biased_with_baselines():
     assert corrected.max() < 4.0
 
 
+@pytest.mark.slow
 def test_exposure_values_and_jacobian_match_exact_exposure():
     logits, _, theta = _problem(6, 3, seed=3)
     where = jnp.array([[True] * 6, [True, True, False, True, True, True]])
@@ -162,6 +163,7 @@ def _plrank3_reference(logits, rel, theta, rankings):
     return value, grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gap", [0.0, 17.0, 20.0, 100.0, 1e3])
 def test_plrank3_float32_matches_a_float64_reference_at_large_logit_gaps(gap):
     """The published denominators ``sum(e^f) - cumsum(e^f)`` cancel in float32: no correct
@@ -210,6 +212,7 @@ def test_no_nan_or_inf_at_logits_1e3(name):
     assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
 
 
+@pytest.mark.slow
 def test_masked_documents_get_no_gradient_and_fewer_docs_than_k():
     logits, rel, theta = _problem(5, 4, seed=31)
     where = jnp.array([[True, True, False, True, False], [True, False, False, False, True]])  # 2 valid < K
@@ -219,6 +222,7 @@ def test_masked_documents_get_no_gradient_and_fewer_docs_than_k():
         np.testing.assert_array_equal(np.asarray(g)[~np.asarray(where)], 0.0, err_msg=name)
 
 
+@pytest.mark.slow
 def test_value_is_the_utility_estimate():
     logits, rel, theta = _problem(5, 3, seed=41)
     exact = np.asarray(exact_utility(logits, rel, theta))
@@ -228,6 +232,7 @@ def test_value_is_the_utility_estimate():
         assert np.all(np.abs(values.mean(0) - exact) <= 4 * se + 1e-5), name
 
 
+@pytest.mark.slow
 def test_sampled_policy_gradient_with_a_ranking_level_reward():
     """A reward that does not decompose: 1 if documents 0 and 1 are both in the top-2."""
     logits, _, _ = _problem(4, 2, seed=51)

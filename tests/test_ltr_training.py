@@ -51,6 +51,7 @@ def test_config_validation(kwargs, message):
         LTRConfig(**kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["exposure", "plrank3", "placement"])
 def test_training_learns_a_planted_ranking(estimator):
     train, valid = _planted(96, 0), _planted(32, 1)
@@ -63,6 +64,7 @@ def test_training_learns_a_planted_ranking(estimator):
     assert last > first + 0.05 and last > 0.8
 
 
+@pytest.mark.slow
 def test_fairness_loss_decreases():
     train, valid = _planted(64, 2), _planted(32, 3)
     cfg = LTRConfig(hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=12,

@@ -15,6 +15,7 @@ def _logits(key, shape, scale=1.0):
     return jax.random.normal(key, shape, jnp.float32) * scale
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_items,n_slots", [(5, 3), (6, 4)])
 def test_exact_position_marginals_equal_enumeration(key, n_items, n_slots):
     for i, scale in enumerate([0.3, 1.0, 3.0, 10.0]):
@@ -25,6 +26,7 @@ def test_exact_position_marginals_equal_enumeration(key, n_items, n_slots):
         np.testing.assert_allclose(np.asarray(pl.enumerate_position_marginals(logits, n_slots)), want, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_items,n_slots", [(5, 3), (40, 2)])  # unrolled DP (custom VJP) and scan
 def test_exact_position_marginal_gradients_equal_enumeration(key, n_items, n_slots):
     # The quadrature's Poisson-binomial DP has a hand-written reverse pass: check it
@@ -48,6 +50,7 @@ def test_exact_position_marginal_gradients_equal_enumeration(key, n_items, n_slo
     np.testing.assert_allclose(np.asarray(got_items), np.asarray(want_items), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_exact_slot_marginals_are_the_diagonal_of_the_ranked_item_table(key):
     logits = _logits(key, (7, 9), 2.0)
     rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, 4)

@@ -37,6 +37,7 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks/*.py found"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_at_smallest_size(notebook, tmp_path):
     pd = pytest.importorskip("pandas")

@@ -41,6 +41,7 @@ def _extreme(data, log_pi0_last, reward_scale):
     return data.replace(log_pi0_prefix=prefix.astype(jnp.float32), reward=data.reward * reward_scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("log_pi0,reward_scale", [(math.log(1e-30), 1.0), (-200.0, 1.0), (-200.0, 1e6), (-5.0, 1e6)])
 @pytest.mark.parametrize("method", ["ips", "rips", "dr"])
 def test_extreme_propensities_and_rewards_stay_finite_and_learn(method, log_pi0, reward_scale):
@@ -57,6 +58,7 @@ def test_extreme_propensities_and_rewards_stay_finite_and_learn(method, log_pi0,
     assert _beats(env, policy)
 
 
+@pytest.mark.slow
 def test_a_fit_whose_weights_are_mostly_clipped_warns():
     env = SyntheticRankingEnv.create(make_key(0), n_items=10, ranking_length=5)
     data = _extreme(env.sample_logged_data(make_key(1), 2000), -200.0, 1.0)
@@ -65,6 +67,7 @@ def test_a_fit_whose_weights_are_mostly_clipped_warns():
         fit(data, make_key(2), LearnerConfig("dr", train=train, reward_train=train))
 
 
+@pytest.mark.slow
 def test_a_frozen_optimiser_is_an_error_naming_method_and_step(monkeypatch):
     """Without the loss guard, Adam's second moment overflows: the fit fails loudly."""
     monkeypatch.setattr(learners, "_MAX_LOG_TERMS", 1e4)

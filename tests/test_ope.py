@@ -38,6 +38,7 @@ def setting():
     return env, data, model, policies, truth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy_name", ["pl", "regression", "two_stage"])
 def test_estimates_are_unbiased_within_4_standard_errors(setting, policy_name):
     _, data, model, policies, truth = setting
@@ -52,6 +53,7 @@ def test_estimates_are_unbiased_within_4_standard_errors(setting, policy_name):
     assert got["ips"].value != got["snips"].value != got["rips"].value
 
 
+@pytest.mark.slow
 def test_topk_is_dr_at_kL_and_dm_plus_mean_residual_at_k0(setting):
     _, data, model, policies, _ = setting
     policy = policies["pl"]
@@ -61,6 +63,7 @@ def test_topk_is_dr_at_kL_and_dm_plus_mean_residual_at_k0(setting):
         assert got["topk"].value == pytest.approx(got[same_as].value + offset, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_two_stage_position_marginals_enumerated_equal_monte_carlo(setting):
     _, data, _, policies, _ = setting
     sub = data.take(np.arange(400))
@@ -101,6 +104,7 @@ def test_bad_arguments(setting):
         ope.evaluate(object(), data, make_key(0), estimators=("ips",))
 
 
+@pytest.mark.slow
 def test_select_k_returns_the_best_estimate_and_validates(setting):
     from opl_rank.learners import LearnerConfig
     from opl_rank.select_k import select_k

@@ -138,6 +138,7 @@ def test_unbiased_where_theory_says(name, make_terms, lam):
 
 
 @pytest.mark.parametrize("make_terms", [_rips, _iips], ids=["RIPS", "IIPS"])
+@pytest.mark.slow
 def test_biased_under_interaction(make_terms):
     assert _max_z(1.0, _estimator_gradients(1.0, make_terms)) > 8.0
 
@@ -211,12 +212,14 @@ def _rpod_max_z(lam, k, f_values):
     return float((np.abs(grads.mean(0) - exact) / (se + 1e-6)).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_rpod_unbiased_for_every_k_when_f_hat_is_true_q(k):
     _, _, _, value_all = _problem(1.0)
     assert _rpod_max_z(1.0, k, value_all) < 4.0
 
 
+@pytest.mark.slow
 def test_rpod_unbiased_at_k_equal_l_for_a_wrong_f_hat():
     wrong = jax.random.normal(make_key(8), (M_CONTEXTS, RANKINGS.shape[0]))
     assert _rpod_max_z(1.0, L, wrong) < 4.0
@@ -239,6 +242,7 @@ def test_rpod_k_zero_has_no_gradient_and_rejects_bad_k():
             _terms("topk", *args, k=bad, model=oe.ModelTerms(jnp.zeros(2), jnp.zeros(2)))
 
 
+@pytest.mark.slow
 def test_values_are_unbiased_ope_estimates():
     """Per-round terms average to V(pi) (IPS, DR always; RIPS/IIPS without interaction)."""
     env, x, theta, value_all = _problem(0.0)
@@ -261,6 +265,7 @@ def test_values_are_unbiased_ope_estimates():
     assert np.all(np.abs(values.mean(0) - truth) < 4 * se), (values.mean(0), truth, se)
 
 
+@pytest.mark.slow
 def test_weight_clipping_bounds_the_weights():
     env, x, theta, _ = _problem(0.5)
     j, ranking, reward, lp0, _ = _logged(env, x, make_key(12))

@@ -18,6 +18,7 @@ TINY = [
 CONFIG = "experiments/configs/synthetic_opl_small.yaml"
 
 
+@pytest.mark.slow
 def test_sweep_writes_tidy_rows_and_resumes(tmp_path, capsys):
     out = tmp_path / "sweep"
     args = ["sweep", "--config", CONFIG, *TINY, "--set", f"output_dir={out}", "--json"]
@@ -76,6 +77,7 @@ def test_sweep_config_errors(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork")  # Ray starts its own daemons with fork_exec
 def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
     # Keys come from each cell, never from execution order: two worker processes and a
@@ -112,6 +114,7 @@ def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
         pytest.skip("Ray is not installed (scripts/setup.sh --test installs it): serial and processes checked")
 
 
+@pytest.mark.slow
 def test_k_selection_rows_point_at_fitted_rpod_values(tmp_path, capsys):
     out = tmp_path / "select"
     args = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=rpod,rpod-ope,rpod-oracle", "--set", "ks=0,1,3",
@@ -142,6 +145,7 @@ def test_user_logging_policy_from_module_function(tmp_path, capsys):
     assert "logging policy 'wrong_shape' returned logits of shape" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
     # vmap_seeds fits a cell's seeds in one vmapped loop; one by one gives the same table
     # up to float rounding (and the same chosen k).
@@ -160,6 +164,7 @@ def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
     assert {r["V"] for r in tables["true"] if r["seed"] == "0"} != {r["V"] for r in tables["true"] if r["seed"] == "1"}
 
 
+@pytest.mark.slow
 def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     yahoo = "experiments/configs/semi_synthetic_yahoo.yaml"
     out = tmp_path / "yahoo"

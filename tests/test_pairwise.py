@@ -54,6 +54,7 @@ def test_correction_matrix_inverts_the_expected_distortion():
         correction_matrix(p_i, p_j, p_i, correction="full")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("browsing", ["independent", "continuous"])
 @pytest.mark.parametrize("pair_loss", ["ranknet", "hinge", _custom_family], ids=["ranknet", "hinge", "custom"])
 def test_expected_debiased_loss_equals_the_loss_on_true_relevance(browsing, pair_loss):
@@ -78,6 +79,7 @@ def test_expected_debiased_loss_equals_the_loss_on_true_relevance(browsing, pair
     assert np.max(np.abs(expected["individual"] - truth)) > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("browsing", ["independent", "continuous"])
 def test_expected_debiased_gradient_equals_the_true_gradient(browsing):
     model = ClickModel(browsing, K)
@@ -96,6 +98,7 @@ def test_expected_debiased_gradient_equals_the_true_gradient(browsing):
     np.testing.assert_allclose(expected, np.asarray(true_grad), atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("browsing", ["independent", "continuous"])
 def test_monte_carlo_debiased_loss_within_four_standard_errors(browsing):
     model = ClickModel(browsing, K)
@@ -116,6 +119,7 @@ def test_monte_carlo_debiased_loss_within_four_standard_errors(browsing):
     assert abs(wrong.mean()) > 6 * wrong.std(ddof=1) / np.sqrt(n)
 
 
+@pytest.mark.slow
 def test_clicked_rows_path_equals_all_pairs_and_respects_masks():
     model = ClickModel("continuous", K)
     rng = np.random.default_rng(1)

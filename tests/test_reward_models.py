@@ -31,6 +31,7 @@ def _rmse(env, model, x):
     return float(jnp.sqrt(jnp.mean((model.predict(x, a) - truth) ** 2))), float(truth.std())
 
 
+@pytest.mark.slow
 def test_pairwise_model_captures_interactions_the_additive_cannot(fitted):
     env, models, x = fitted
     pair_rmse, sd = _rmse(env, models["pairwise"], x)
@@ -46,6 +47,7 @@ def test_additive_model_is_accurate_without_interaction():
     assert rmse < 0.1 * sd
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["additive", "pairwise"])
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
 def test_completion_is_the_exact_argmax(fitted, kind, k):
@@ -62,6 +64,7 @@ def test_completion_is_the_exact_argmax(fitted, kind, k):
     np.testing.assert_allclose(np.asarray(model.predict(x, completed)), np.asarray(best), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_greedy_completion_is_valid_and_never_better_than_exact(fitted):
     _, models, x = fitted
     exact = models["pairwise"]
@@ -72,6 +75,7 @@ def test_greedy_completion_is_valid_and_never_better_than_exact(fitted):
     assert np.all(np.asarray(greedy.predict(x, g)) <= np.asarray(exact.predict(x, exact.complete(x, empty))) + 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [0, 1])
 def test_exhaustive_beam_search_is_the_exact_argmax(fitted, k):
     # A beam as wide as the number of partial rankings keeps them all: it must find the
@@ -89,6 +93,7 @@ def test_exhaustive_beam_search_is_the_exact_argmax(fitted, k):
     np.testing.assert_array_equal(narrow[:, :k], np.asarray(prefixes))
 
 
+@pytest.mark.slow
 def test_completion_over_sample_axes(fitted):
     _, models, x = fitted
     prefixes = pl.sample_rankings(make_key(10), jnp.zeros((x.shape[0], 6)), 1, n_samples=4)  # [4, n, 1]

@@ -47,6 +47,7 @@ def test_queries_documents_and_rewards_follow_the_paper(letor, env):
     assert abs(residual.std() - 0.05) < 0.003 and abs(residual.mean()) < 0.003  # sigma = 0.05
 
 
+@pytest.mark.slow
 def test_random_forest_logging_prefers_relevant_documents(env, letor):
     uniform = SemiSyntheticEnv.create(make_key(0), letor, n_items=10, ranking_length=3, lam=0.5, logging_policy="uniform")
     v_forest = env.logging_policy_value(make_key(2), 20_000)
@@ -60,6 +61,7 @@ def test_random_forest_logging_prefers_relevant_documents(env, letor):
     assert colder.logging_policy_value(make_key(2), 20_000).value > v_forest.value
 
 
+@pytest.mark.slow
 def test_learners_use_item_features_and_beat_the_logging_policy(env):
     data = env.sample_logged_data(make_key(4), 2000)
     v0 = env.logging_policy_value(make_key(5), 20_000)
@@ -109,6 +111,7 @@ def test_shared_prefix_pairs_group_by_context_and_prefix():
     assert len(by_context) == 3 and (1, 4) in by_context  # rows {0, 2, 3} chain into 2 pairs, {1, 4} one
 
 
+@pytest.mark.slow
 def test_two_step_reward_model_learns_within_prefix_differences(env):
     from opl_rank.reward_models import fit_reward_model
 

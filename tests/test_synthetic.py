@@ -29,6 +29,7 @@ def test_logged_propensities_equal_exact_pl_probabilities(env):
         np.testing.assert_allclose(np.exp(np.asarray(data.log_pi0_position_marginal[i])), want_marg, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_expected_reward_matches_float64_loop(env):
     x = env.sample_contexts(make_key(3), 20)
     rankings = pl.sample_rankings(make_key(4), jnp.zeros((20, 5)), 3)
@@ -50,6 +51,7 @@ def test_mean_logged_reward_matches_ground_truth_logging_value(env):
     assert abs(s["mean_weighted_reward"] - truth.value) < 4 * se
 
 
+@pytest.mark.slow
 def test_logging_value_equals_enumerated_expectation(env):
     # V(pi0) = E_x sum_a pi0(a|x) sum_l alpha_l q_l(x, a): enumerate a, Monte Carlo over x.
     x = env.sample_contexts(make_key(7), 20_000)
@@ -63,6 +65,7 @@ def test_logging_value_equals_enumerated_expectation(env):
     assert abs(exact - truth.value) < 4 * np.hypot(exact_se, truth.stderr)
 
 
+@pytest.mark.slow
 def test_noise_is_independent_across_slots_rows_and_calls():
     env = SyntheticRankingEnv.create(make_key(9), n_items=6, ranking_length=4, lam=0.0, sigma=0.5)
     rm = env.reward_model
@@ -194,6 +197,7 @@ def test_policy_value_of_a_deterministic_policy_and_bad_policies(env):
         env0.policy_value(42, make_key(45), 100)
 
 
+@pytest.mark.slow
 def test_best_rankings_are_the_argmax_of_the_true_expected_reward():
     env = SyntheticRankingEnv.create(make_key(30), n_items=6, ranking_length=3, lam=1.0)
     x = env.sample_contexts(make_key(31), 200)
