@@ -5,7 +5,7 @@ An experiment writes each finished cell as ``cells/<name>.json``::
     {"format": 2, "config_hash": "<sha256>", "opl_rank_version": "0.1.0", "cell": {...}, "rows": [...]}
 
 ``config_hash`` is the SHA-256 of the resolved config (every key that can change a row;
-not the output folder or how the run is executed). On resume a cell is reused only when
+not the output folder or how the run is executed; a key set to None counts as absent). On resume a cell is reused only when
 its file parses, its hash is the run's, and its rows pass the experiment's check (columns,
 row count, the cell they belong to); any other file is named, with the reason, and
 recomputed. :func:`open_run_folder` locks the folder and refuses a config that differs
@@ -49,7 +49,9 @@ def _canonical(value: Any) -> Any:
 
 
 def _hashed(config: dict[str, Any], exclude: Sequence[str]) -> dict[str, Any]:
-    return {k: _canonical(v) for k, v in config.items() if k not in exclude}
+    # A key set to None counts as absent, so a new optional config key (default None) does
+    # not change the hash of, or refuse, a folder written before the key existed.
+    return {k: _canonical(v) for k, v in config.items() if k not in exclude and v is not None}
 
 
 def config_hash(config: dict[str, Any], exclude: Sequence[str] = ("output_dir",)) -> str:

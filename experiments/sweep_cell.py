@@ -77,8 +77,10 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[st
         for (env, *_), k, c in zip(truth, keys, group)
     ]
     n_slots = group[0]["L"]
-    train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate)
-    reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate)
+    train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate,
+                        devices=sweep.devices)
+    reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate,
+                         devices=sweep.devices)
     together = len(group) > 1
 
     item_feature_dim = getattr(truth[0][0], "n_features", None) or None  # semi-synthetic: score items by features

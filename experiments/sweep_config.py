@@ -32,6 +32,7 @@ class OPLSweep:
 
     simulator: str = "synthetic"  # "synthetic" or "semi_synthetic" (queries of a LETOR file)
     letor_path: str | None = None  # semi_synthetic: the LETOR/SVMlight file
+    letor_sha256: str | None = None  # semi_synthetic: the file's expected SHA-256 (checked before parsing)
     letor_normalize: str | None = None  # semi_synthetic: None, "minmax" or "zscore" per query
     eta_scale: float = 0.05  # semi_synthetic: sd of the per-document base-reward noise
     forest_fraction: float = 0.1  # semi_synthetic: share of queries training the random forest
@@ -61,6 +62,7 @@ class OPLSweep:
     vmap_seeds: bool | str = "auto"  # fit a cell's seeds together, vmapped; auto: on GPU/TPU only
     policy_hidden: tuple[int, ...] = ()  # hidden sizes of the policies' scorers (() = linear)
     reward_hidden: tuple[int, ...] = ()  # hidden sizes of f_hat's item head
+    devices: int | str | None = None  # data parallel over devices: None (one), an int, or "all"
     output_dir: str = "results/opl_synthetic"
     plugins: tuple[str, ...] = ()  # modules imported first (and in every worker): they register
     # estimators (opl_rank.opl_estimators.register) or environments (simulators.environments.register)

@@ -26,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import NamedTuple
 
@@ -127,13 +126,11 @@ def verify(name: str) -> str:
     Raises:
       ValueError: an unknown name, or a checksum mismatch (the file was changed or truncated).
     """
+    from simulators.letor import file_sha256
+
     info = _info(name)
     full = path(name)
-    digest = hashlib.sha256()
-    with open(full, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    actual = digest.hexdigest()
+    actual = file_sha256(full)
     if actual != info.sha256:
         raise ValueError(f"dataset {name!r}: sha256 of {full} is {actual}, expected {info.sha256}")
     return actual

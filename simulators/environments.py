@@ -156,10 +156,11 @@ def _semi_synthetic(key, *, n_items, ranking_length, lam, tau, logging_policy, c
     from simulators.letor import load_letor
     from simulators.semi_synthetic import SemiSyntheticEnv
 
-    source = (config.letor_path, config.letor_normalize)
+    sha256 = getattr(config, "letor_sha256", None)
+    source = (config.letor_path, config.letor_normalize, sha256)
     if source not in _LETOR_CACHE:  # one parse per process: every cell reuses it
         _LETOR_CACHE.clear()
-        _LETOR_CACHE[source] = load_letor(config.letor_path, normalize=config.letor_normalize)
+        _LETOR_CACHE[source] = load_letor(config.letor_path, normalize=config.letor_normalize, sha256=sha256)
     return SemiSyntheticEnv.create(
         key, _LETOR_CACHE[source], eta_scale=config.eta_scale, forest_fraction=config.forest_fraction,
         **_common(n_items, ranking_length, lam, tau, logging_policy, config),

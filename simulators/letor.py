@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import math
 import operator
+import hashlib
 import os
 from array import array
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = ["LetorData", "load_letor", "normalize_per_query", "split_queries", "take_queries"]
+__all__ = ["LetorData", "file_sha256", "load_letor", "normalize_per_query", "split_queries", "take_queries"]
 
 _NORMALIZE_METHODS = ("minmax", "zscore")
 _INT32_MAX = 2**31 - 1  # sklearn stores feature indices in a C int
@@ -99,6 +100,15 @@ def _data_lines(f):
             line = line[:cut]
         if line.strip():
             yield lineno, line
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _located(path: str, lineno: int, reason: str) -> ValueError:
@@ -188,6 +198,7 @@ def load_letor(
     normalize: str | None = None,
     min_docs: int = 1,
     max_dense_bytes: int = DEFAULT_MAX_DENSE_BYTES,
+    sha256: str | None = None,
 ) -> LetorData:
     """Reads a LETOR/SVMlight ranking file into padded per-query arrays.
 
@@ -212,6 +223,9 @@ def load_letor(
         that set the width F (or the first line of the longest query when ``n_features``
         is given) and the size needed, before anything that large is allocated.
         (``normalize`` needs a few float64 temporaries of the same shape on top.)
+      sha256: the file's expected SHA-256 (hex), checked before parsing, e.g. the one
+        recorded for a downloaded MSLR-WEB10K / Yahoo! C14 / Istella file (see
+        docs/datasets.md). None: not checked.
 
     Returns:
       A :class:`LetorData` with ``features [Q, Dmax, F]``, ``labels [Q, Dmax]``,
@@ -223,7 +237,7 @@ def load_letor(
       ValueError: ``path`` is a directory; a malformed line (the message names the file
         and the 1-based line number), non-finite labels or values or ones beyond float32's
         range, an empty file, no query left after ``min_docs``, or dense arrays larger
-        than ``max_dense_bytes``.
+        than ``max_dense_bytes``, or a checksum that is not ``sha256``.
     """
     path = os.fspath(path)
     n_features = _check_positive_int("n_features", n_features, allow_none=True)
@@ -236,6 +250,11 @@ def load_letor(
         raise ValueError(f"{path} is a directory, not a LETOR/SVMlight file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LETOR file not found: {path}")
+
+    if sha256 is not None:
+        actual = file_sha256(path)
+        if actual != str(sha256).lower():
+            raise ValueError(f"{path}: sha256 is {actual}, expected {sha256} (a different, changed or truncated file)")
 
     qids_per_doc, linenos = _read_labels_and_qids(path)
     if qids_per_doc.size == 0:

@@ -384,3 +384,15 @@ def test_labels_and_values_stay_exact_at_float32_limits(tmp_path):
 def test_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
         load_letor(tmp_path)
+
+
+def test_sha256_is_checked_before_parsing(tmp_path):
+    from simulators.letor import file_sha256
+
+    path = tmp_path / "train.txt"
+    path.write_text("2 qid:1 1:0.5 2:1\n0 qid:1 1:0.1 2:0\n")
+    digest = file_sha256(path)
+    assert load_letor(path, sha256=digest.upper()).features.shape == (1, 2, 2)
+    path.write_text("2 qid:1 1:0.5 2:1\n")  # changed (truncated) file
+    with pytest.raises(ValueError, match=f"sha256 is [0-9a-f]{{64}}, expected {digest}"):
+        load_letor(path, sha256=digest)
