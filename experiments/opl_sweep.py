@@ -25,9 +25,9 @@ import time
 from typing import Any, Callable
 
 from experiments.resume import BadCell, RunFolder, open_run_folder, read_cell, write_cell
-from experiments.sweep_cell import check_rows, run_group
+from experiments.sweep_cell import check_rows, group_steps, run_group
 from experiments.sweep_config import (
-    NOT_HASHED, OPLSweep, cell_name, cells, group_key, load_sweep, method_rows, resolved_config,
+    CELL_KEYS, NOT_HASHED, OPLSweep, cell_name, cells, group_key, load_sweep, method_rows, resolved_config,
 )
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
@@ -35,16 +35,24 @@ from experiments.user_code import import_plugins
 __all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "import_plugins", "run_group"]
 
 
-def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
+def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder,
+               progress: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
     """A job: run cells and write each atomically when done; cells that differ only in their
-    seed run as one vmapped group (``sweep.vmap_seeds``), the others one by one."""
+    seed run as one vmapped group (``sweep.vmap_seeds``), the others one by one. ``progress``:
+    a bar over each group's steps (ground truth, data, every fit) on stderr."""
+    from experiments.progress import Steps, bar
+
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for cell in todo:
         groups.setdefault(group_key(sweep, cell), []).append(cell)
     done = []
     for group in groups.values():
         start = time.perf_counter()
-        results = run_group(sweep, group)
+        name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
+        with bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar:
+            steps = Steps(cell_bar)
+            results = run_group(sweep, group, on_step=steps)
+            steps.done()
         seconds = (time.perf_counter() - start) / len(group)
         for cell, rows in zip(group, results):
             write_cell(folder.cell_path(cell_name(cell)), cell=cell, rows=rows, config_hash=folder.config_hash)
@@ -75,6 +83,7 @@ def run_sweep(
     compilation_cache: str | None = None,
     ray_address: str | None = None,
     new_config: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
@@ -87,15 +96,19 @@ def run_sweep(
     The output folder is locked for the run. If its ``config.yaml`` holds another config the
     sweep stops before any work (``ValueError`` naming the differing keys), unless
     ``new_config``: then it runs in ``output_dir/config-<hash8>/``.
+
+    ``progress``: bars on stderr (:mod:`experiments.progress`): one over the cells and, with
+    the serial backend, one over the steps of the running cell (ground truth, data, each fit).
     """
     import jax
 
     from experiments.executors import run_jobs
+    from experiments.progress import bar
 
     if sweep.vmap_seeds == "auto":
         sweep = dataclasses.replace(sweep, vmap_seeds=jax.default_backend() != "cpu")
     with open_run_folder(sweep.output_dir, resolved_config(sweep), new_config=new_config, echo=echo,
-                         exclude=NOT_HASHED) as folder:
+                         exclude=NOT_HASHED, grid=CELL_KEYS) as folder:
         sweep = dataclasses.replace(sweep, output_dir=folder.path)
         every = cells(sweep)
         todo = []
@@ -113,17 +126,20 @@ def run_sweep(
             jobs.setdefault(group_key(sweep, cell), []).append(cell)
         start = time.perf_counter()
         finished = len(every) - len(todo)
+        echo(f"sweep: {len(every)} cell(s), {finished} done already, {len(todo)} to run ({backend}) in {folder.path}")
 
-        def report(job, results):
-            nonlocal finished
-            for cell, rows, seconds in results:
-                finished += 1
-                echo(f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)")
+        with bar(len(todo), desc="cells", unit="cell", enabled=progress and bool(todo)) as cells_bar:
+            def report(job, results):
+                nonlocal finished
+                for cell, rows, seconds in results:
+                    finished += 1
+                    cells_bar.update(1)
+                    echo(f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)")
 
-        run_jobs(
-            _run_cells, [(sweep, group, folder) for group in jobs.values()], report,
-            backend=backend, workers=workers, compilation_cache=compilation_cache, ray_address=ray_address,
-        )
+            run_jobs(
+                _run_cells, [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()], report,
+                backend=backend, workers=workers, compilation_cache=compilation_cache, ray_address=ray_address,
+            )
         rows: list[dict[str, Any]] = []
         for cell in every:  # read back in grid order: the table does not depend on the backend
             try:

@@ -149,13 +149,20 @@ def open_run_folder(
     new_config: bool = False,
     echo: Callable[[str], None] = print,
     exclude: Sequence[str] = ("output_dir",),
+    grid: Sequence[str] = (),
 ) -> Iterator[RunFolder]:
     """Lock the run's folder, check and write its ``config.yaml``, and yield it.
 
     The folder is ``output_dir``, unless its ``config.yaml`` holds a different config: then a
     ``ValueError`` naming the differing keys, or with ``new_config`` the subfolder
     ``output_dir/config-<hash8>`` (said through ``echo``). Runs before any work.
+
+    ``grid`` names the keys that only choose which cells exist (each cell file records its
+    own coordinates): they are left out of the hash, and a rerun that changes them (more
+    seeds, another lambda) reuses the cells it shares with the folder and rewrites
+    ``config.yaml`` to the new grid.
     """
+    exclude = tuple(exclude) + tuple(grid)
     digest = config_hash(config, exclude)
     sub = os.path.join(output_dir, f"config-{digest[:8]}")
     with contextlib.ExitStack() as stack:
@@ -177,6 +184,10 @@ def open_run_folder(
                 raise ValueError(f"{folder} holds yet another config; use another output_dir")
             echo(f"--new-config: {output_dir} holds a different config ({', '.join(d.split(':')[0] for d in diff)} "
                  f"differ); this run writes to {folder}")
+        if stored is not None and grid:
+            changed = [d.split(":")[0] for d in _differences(stored, config, tuple(exclude[: len(exclude) - len(grid)]))]
+            if changed:
+                echo(f"{folder}: grid changed ({', '.join(changed)}); cells it shares with the previous run are reused")
         os.makedirs(os.path.join(folder, "cells"), exist_ok=True)
         written = dict(config)
         if "output_dir" in written:

@@ -18,12 +18,15 @@ from experiments.user_code import import_plugins, load_callable
 
 __all__ = [
     "OPLSweep", "load_sweep", "cells", "method_rows", "candidate_ks", "cell_name", "group_key",
-    "resolved_config", "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED",
+    "resolved_config", "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED", "CELL_KEYS",
 ]
 
 SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
 GRID_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "ks", "reward_models", "oracle_noise")
 NOT_HASHED = ("output_dir",)  # the only key that cannot change a row
+# The grid keys that only choose which cells exist (a cell file records its own D, L, tau,
+# lambda, n, seed): growing them in an existing output_dir reuses the cells already there.
+CELL_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -196,3 +196,18 @@ def test_worker_processes_die_with_their_parent(tmp_path):
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert not survivors, f"worker processes {survivors} outlived their killed parent"
+
+
+def test_growing_the_grid_reuses_the_cells_already_there(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(_sweep_args(out, "0", "--json")) == 0
+    first = _table(out / "results.csv")
+    capsys.readouterr()
+    assert main(_sweep_args(out, "0,1", "--json")) == 0  # one more seed: only that cell runs
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["cells"] == 2 and summary["resumed"] == 1
+    assert "grid changed (seeds)" in captured.err
+    grown = _table(out / "results.csv")
+    assert [r for r in grown if r["seed"] == "0"] == first
+    assert "- 1" in (out / "config.yaml").read_text()  # config.yaml lists the grown grid
