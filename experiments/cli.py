@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--out", default=None, help="save the logged data to this .npz file")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    sim.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
     ltr = sub.add_parser(
         "ltr",
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     ltr.add_argument("--config", required=True, help="YAML config (see experiments/configs/ltr_exposure.yaml)")
     ltr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
     ltr.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+    ltr.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
     sweep = sub.add_parser(
         "sweep",
@@ -98,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
     )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+    sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
     pairwise = sub.add_parser(
         "pairwise",
@@ -113,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
     )
     pairwise.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
+    pairwise.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
     report = sub.add_parser(
         "report",
@@ -158,6 +162,7 @@ def _add_byo_parsers(sub: Any) -> None:
                      "them (default DCG)")
     fit.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
     fit.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    fit.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
     ev = sub.add_parser(
         "evaluate",
@@ -206,7 +211,7 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             epochs=args.epochs, reward_epochs=args.reward_epochs, batch_size=args.batch_size,
             learning_rate=args.learning_rate, k_estimator=args.k_estimator, k_candidates=args.k_candidates,
             n_items=args.n_items,
-            alpha=byo_logs.parse_alpha(args.alpha), seed=args.seed,
+            alpha=byo_logs.parse_alpha(args.alpha), seed=args.seed, progress=not args.quiet,
         )
         return summary, byo_logs.format_fit(summary)
     if args.command == "evaluate":
@@ -259,12 +264,19 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _echo(args: argparse.Namespace) -> Any:
+    """Progress lines: to stdout (stderr under --json), printed around the progress bars."""
+    from experiments.progress import echo_to
+
+    return echo_to(sys.stderr if args.json else sys.stdout)
+
+
 def _ltr(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.config import parse_overrides
     from experiments.ltr import load_experiment, run_ltr
 
     experiment = load_experiment(args.config, parse_overrides(args.set))
-    return run_ltr(experiment, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True))
+    return run_ltr(experiment, echo=_echo(args), progress=not args.quiet)
 
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,9 +287,9 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     sweep = load_sweep(args.config, parse_overrides(args.set))
     cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
     return run_sweep(
-        sweep, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
+        sweep, echo=_echo(args),
         backend=args.backend, workers=args.workers, compilation_cache=cache or None, ray_address=args.ray_address,
-        new_config=args.new_config,
+        new_config=args.new_config, progress=not args.quiet,
     )
 
 
@@ -286,8 +298,7 @@ def _pairwise(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.pairwise_ltr import load_pairwise, run_pairwise
 
     experiment = load_pairwise(args.config, parse_overrides(args.set))
-    summary = run_pairwise(experiment, echo=lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True),
-                           new_config=args.new_config)
+    summary = run_pairwise(experiment, echo=_echo(args), new_config=args.new_config, progress=not args.quiet)
     with open(summary["report"], encoding="utf-8") as f:
         print(f.read(), file=sys.stderr if args.json else sys.stdout)
     return summary
@@ -325,8 +336,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``opl-rank`` console script; returns the exit status."""
+    from experiments.progress import silence_noise
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    silence_noise()
     try:
         if args.command == "simulate":
             summary = _simulate(args)

@@ -137,10 +137,18 @@ def _run_on_ray(fn, jobs, on_result, workers, cache_dir, address) -> None:
     runtime_env = {"env_vars": {"PYTHONPATH": path, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {_SINGLE_THREAD_XLA}".strip()}}
     started = not ray.is_initialized()
     if started:
-        if address:
-            ray.init(address=address, runtime_env=runtime_env)
-        else:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env)
+        import logging
+        import warnings
+
+        with warnings.catch_warnings():
+            # Ray starts its processes with fork + exec; JAX's fork handler warns about a
+            # deadlock that cannot happen there. Not the user's business.
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+            if address:
+                ray.init(address=address, runtime_env=runtime_env)
+            else:
+                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env,
+                         logging_level=logging.WARNING)  # no "Started a local Ray instance": we stop it too
     try:
         task = ray.remote(num_cpus=1)(_ray_task).options(runtime_env=runtime_env)
         pending = {task.remote(fn, job, cache_dir): job for job in jobs}

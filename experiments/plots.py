@@ -1,4 +1,4 @@
-"""Standard plots of a sweep's results (PNG, matplotlib's Agg backend).
+"""Standard plots of a sweep's results (PNG).
 
   gain_vs_k.png       normalised gain of R-POD against k, one panel per (D, reward model),
                       a line per (lambda, n) -- the paper's main figure
@@ -8,6 +8,11 @@
 
 Points are means over seeds, bars one standard error. R-POD's per-k rows are summarised
 in the method plots by ``rpod-ope`` (when run) and by regression (k=0) / DR (k=L).
+
+Figures are plain ``matplotlib.figure.Figure`` objects rendered by Agg, outside pyplot: writing
+plots never changes the caller's backend (a notebook keeps its inline plots) and opens no
+window. ``write_plots(..., show=True)`` creates them through pyplot instead and leaves them
+open, so a notebook displays them inline.
 """
 
 from __future__ import annotations
@@ -20,33 +25,36 @@ from experiments.report import gain_table
 __all__ = ["write_plots"]
 
 
-def _axes(n_panels: int, width: float = 4.2, height: float = 3.2):
-    import matplotlib.pyplot as plt
-
+def _axes(n_panels: int, show: bool, width: float = 4.2, height: float = 3.2):
     cols = min(3, n_panels)
     rows = -(-n_panels // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    if show:  # through pyplot, left open: a notebook displays it
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(width * cols, height * rows))
+    else:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(width * cols, height * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
     return fig, list(axes.flat)
 
 
 def _save(fig, path: str) -> str:
-    import matplotlib.pyplot as plt
-
     from opl_rank.atomic import atomic_write
 
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
-    plt.close(fig)
     return path
 
 
-def _vs_k(rows, value: str, out: str) -> str:
+def _vs_k(rows, value: str, out: str, show: bool) -> str:
     table = gain_table([r for r in rows if r["method"] == "rpod"], value=value)
     k_of = lambda label: int(label.split("k=")[1].split(")")[0])
     panels = sorted({(key[0], key[4].split("/")[-1]) for key in table})
-    fig, axes = _axes(len(panels))
+    fig, axes = _axes(len(panels), show)
     for ax, (d, model) in zip(axes, panels):
         for l, lam, n in sorted({key[1:4] for key in table if key[0] == d}):
             pts = sorted((k_of(key[4]), v) for key, v in table.items() if key[:4] == (d, l, lam, n) and key[4].endswith("/" + model))
@@ -57,12 +65,12 @@ def _vs_k(rows, value: str, out: str) -> str:
     return _save(fig, out)
 
 
-def _method_lines(rows, x_name: str, panel_names: tuple[str, str], out: str) -> str:
+def _method_lines(rows, x_name: str, panel_names: tuple[str, str], out: str, show: bool) -> str:
     keep = [r for r in rows if r["method"] != "rpod" and r["method"] != "rpod-oracle"]
     table = gain_table(keep)
     index = {"D": 0, "lambda": 2, "n": 3}
     panels = sorted({(key[index[panel_names[0]]], key[index[panel_names[1]]]) for key in table})
-    fig, axes = _axes(len(panels))
+    fig, axes = _axes(len(panels), show)
     for ax, panel in zip(axes, panels):
         inside = {key: v for key, v in table.items() if (key[index[panel_names[0]]], key[index[panel_names[1]]]) == panel}
         for label in sorted({key[4] for key in inside}):
@@ -75,17 +83,25 @@ def _method_lines(rows, x_name: str, panel_names: tuple[str, str], out: str) -> 
     return _save(fig, out)
 
 
-def write_plots(rows: list[dict[str, Any]], out_dir: str) -> list[str]:
+def write_plots(rows: list[dict[str, Any]], out_dir: str, *, show: bool = False) -> list[str]:
     """Write the standard PNGs for ``rows`` (from :func:`experiments.report.load_rows` or a
-    sweep) into ``out_dir``; returns their paths."""
-    import matplotlib
+    sweep) into ``out_dir``; returns their paths.
 
-    matplotlib.use("Agg")
+    ``show=True`` (notebooks) also leaves the figures open in pyplot, so Jupyter's inline
+    backend displays them under the cell.
+    """
+    try:
+        import matplotlib  # noqa: F401  (a base dependency; checked here for a one-line error)
+    except ImportError as err:
+        raise RuntimeError(
+            f"plots need matplotlib, a dependency of opl_rank that is not importable here ({err}); "
+            "reinstall with `bash scripts/setup.sh` or `.venv/bin/pip install matplotlib`"
+        ) from None
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     if any(r["method"] == "rpod" for r in rows):
-        paths.append(_vs_k(rows, "normalized_gain", os.path.join(out_dir, "gain_vs_k.png")))
-        paths.append(_vs_k(rows, "V", os.path.join(out_dir, "value_vs_k.png")))
-    paths.append(_method_lines(rows, "n", ("D", "lambda"), os.path.join(out_dir, "gain_vs_n.png")))
-    paths.append(_method_lines(rows, "lambda", ("D", "n"), os.path.join(out_dir, "gain_vs_lambda.png")))
+        paths.append(_vs_k(rows, "normalized_gain", os.path.join(out_dir, "gain_vs_k.png"), show))
+        paths.append(_vs_k(rows, "V", os.path.join(out_dir, "value_vs_k.png"), show))
+    paths.append(_method_lines(rows, "n", ("D", "lambda"), os.path.join(out_dir, "gain_vs_n.png"), show))
+    paths.append(_method_lines(rows, "lambda", ("D", "n"), os.path.join(out_dir, "gain_vs_lambda.png"), show))
     return paths

@@ -17,12 +17,12 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from experiments.sweep_config import SELECTION_METHODS, OPLSweep, candidate_ks, method_rows
 from experiments.user_code import import_plugins, load_callable
 
-__all__ = ["run_group", "check_rows", "ROW_COLUMNS"]
+__all__ = ["run_group", "group_steps", "check_rows", "ROW_COLUMNS"]
 
 ROW_COLUMNS = (
     "simulator", "logging_policy", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
@@ -52,10 +52,13 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
     return env, v0, v_star, star_method
 
 
-def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *,
+              on_step: Callable[[str], None] | None = None) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed. Every method is fitted on all the
     seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_seeds`) when
-    ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`."""
+    ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
+
+    ``on_step(label)`` is called as each of the :func:`group_steps` steps starts (progress)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -70,7 +73,10 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[st
     keys = [prng.split_seed(cell["seed"], 4) for cell in group]
     k_eval = [k[2] for k in keys]
     k_fit = jnp.stack([k[3] for k in keys])
+    step = on_step or (lambda label: None)
+    step("ground truth V(pi_0), V*")
     truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"]) for c in group]
+    step(f"logging {group[0]['n']} rounds")
     need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
     datas = [
         env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none")
@@ -109,6 +115,8 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[st
     rows: list[list[dict[str, Any]]] = [[] for _ in group]
     candidates = candidate_ks(sweep, n_slots)
     for method, k, kind in method_rows(sweep, n_slots):
+        step(f"{method}{'' if k is None else f'(V/{k:g})' if method == 'rpod-oracle' else f'(k={k})'}"
+             f"{'' if kind == '-' else '/' + kind}")
         start = time.perf_counter()
         chosen: list[int | None] = [None] * len(group)
         selector = ""
@@ -141,6 +149,12 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]]) -> list[list[dict[st
                 "fit_seconds": seconds, "k_selected": chosen[s], "selector": selector,
             })
     return rows
+
+
+def group_steps(sweep: OPLSweep, n_slots: int) -> int:
+    """How many times :func:`run_group` calls ``on_step``: the ground truth, the logged data
+    and one per row of :func:`method_rows`."""
+    return 2 + len(method_rows(sweep, n_slots))
 
 
 def check_rows(sweep: OPLSweep, cell: dict[str, Any], rows: Any) -> str | None:

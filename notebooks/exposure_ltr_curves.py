@@ -1,7 +1,12 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -80,9 +85,6 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -292,8 +294,7 @@ fig.suptitle(
 )
 fig.tight_layout()
 png = io.BytesIO()
-fig.savefig(png, format="png", dpi=120)
-plt.close(fig)
+fig.savefig(png, format="png", dpi=120)  # the figure stays open: Jupyter shows it under this cell
 png_path = out_dir / "curves.png"
 atomic_write(png_path, lambda f: f.write(png.getvalue()))
 print(f"plot -> {png_path}")

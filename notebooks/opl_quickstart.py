@@ -1,7 +1,12 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -15,6 +20,7 @@
 
 # %%
 import os
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -27,8 +33,14 @@ from opl_rank.optimization import TrainConfig
 from opl_rank.reward_models import fit_reward_model
 from simulators import SyntheticRankingEnv
 
+# Outputs go under the repository root (results/ is git-ignored), also when Jupyter runs this
+# notebook from notebooks/; an absolute OPL_RANK_NOTEBOOK_OUT is used as it is.
+if "__file__" in globals():
+    ROOT = Path(__file__).resolve().parent.parent
+else:
+    ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 SIZE = os.environ.get("OPL_RANK_NOTEBOOK_SIZE", "default")
-OUT = os.environ.get("OPL_RANK_NOTEBOOK_OUT", "results/notebooks/opl_quickstart")
+OUT = ROOT / os.environ.get("OPL_RANK_NOTEBOOK_OUT", "results/notebooks/opl_quickstart")
 os.makedirs(OUT, exist_ok=True)
 N, EPOCHS, EVAL, SAMPLES = (1000, 2, 4000, 32) if SIZE == "smallest" else (8000, 30, 20_000, 256)
 
@@ -85,4 +97,4 @@ ax.set_xticks(x, table["policy"], fontsize=8)
 ax.set_ylabel("policy value")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(os.path.join(OUT, "policies.png"), dpi=80)
+fig.savefig(os.path.join(OUT, "policies.png"), dpi=80)  # the figure stays open: Jupyter shows it

@@ -1,7 +1,12 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
 # ---
 
 # %% [markdown]
@@ -14,6 +19,7 @@
 
 # %%
 import os
+from pathlib import Path
 
 import pandas as pd
 
@@ -21,8 +27,14 @@ from experiments.opl_sweep import OPLSweep, run_sweep
 from experiments.plots import write_plots
 from experiments.report import load_rows, markdown_report
 
+# Outputs go under the repository root (results/ is git-ignored), also when Jupyter runs this
+# notebook from notebooks/; an absolute OPL_RANK_NOTEBOOK_OUT is used as it is.
+if "__file__" in globals():
+    ROOT = Path(__file__).resolve().parent.parent
+else:
+    ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 SIZE = os.environ.get("OPL_RANK_NOTEBOOK_SIZE", "default")
-OUT = os.environ.get("OPL_RANK_NOTEBOOK_OUT", "results/notebooks/opl_sweep_analysis")
+OUT = ROOT / os.environ.get("OPL_RANK_NOTEBOOK_OUT", "results/notebooks/opl_sweep_analysis")
 RESULTS = os.environ.get("OPL_RANK_RESULTS")
 os.makedirs(OUT, exist_ok=True)
 
@@ -41,7 +53,7 @@ rows = load_rows(RESULTS)
 print(markdown_report(rows))
 
 # %%
-for path in write_plots(rows, OUT):
+for path in write_plots(rows, OUT, show=True):  # show=True: the figures stay open, Jupyter shows them
     print("wrote", path)
 
 # %% [markdown]
