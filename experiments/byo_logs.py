@@ -74,12 +74,25 @@ def _finite(value: Any) -> Any:
 # -- fit -------------------------------------------------------------------------------
 
 
-def run_fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, reward_model: str = "additive",
-            epochs: int | None = None, reward_epochs: int | None = None, batch_size: int | None = None,
-            learning_rate: float | None = None, k_estimator: str = "dr", k_candidates: str | None = None,
-            n_items: int | None = None,
-            alpha: list[float] | None = None, seed: int = 0) -> dict[str, Any]:
-    """Learn a policy from the logs in ``data`` and save it to the directory ``out``."""
+def run_fit(*, progress: bool = False, **options: Any) -> dict[str, Any]:
+    """Learn a policy from the logs in ``data`` and save it to the directory ``out``
+    (keywords: :func:`_fit`'s). ``progress``: a bar over the steps on stderr."""
+    from experiments.progress import Steps, bar
+
+    method, k = options.get("method", "rpod"), options.get("k")
+    auto = method == "rpod" and (k is None or str(k).strip() == "auto")
+    with bar(3 + auto, desc="fit", unit="step", enabled=progress) as progress_bar:
+        step = Steps(progress_bar)
+        summary = _fit(step=step, **options)
+        step.done()
+    return summary
+
+
+def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, reward_model: str = "additive",
+         epochs: int | None = None, reward_epochs: int | None = None, batch_size: int | None = None,
+         learning_rate: float | None = None, k_estimator: str = "dr", k_candidates: str | None = None,
+         n_items: int | None = None,
+         alpha: list[float] | None = None, seed: int = 0, step: Any = lambda label: None) -> dict[str, Any]:
     from opl_rank import opl_estimators
     from opl_rank.learners import LearnerConfig, fit, learning_methods, needs_position_marginals
     from opl_rank.persistence import save_policy
@@ -106,6 +119,7 @@ def run_fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, 
         raise ValueError(f"--seed must be >= 0, got {seed}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out}: exists and is not a directory")
+    step(f"reading {os.path.basename(data)}")
     logs = _read_logs(data, "--data", n_items, alpha)
     n_slots = logs.ranking_length
     chosen: int | str | None = None
@@ -140,11 +154,14 @@ def run_fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, 
     summary: dict[str, Any] = {"method": method}
     selection = None
     if chosen == "auto":
+        step(f"choosing k by OPE ({len(candidates) if candidates else n_slots + 1} fits)")
         result = select_k(logs, key_select, config, ks=candidates, estimator=k_estimator)
         config = dataclasses.replace(config, k=result.k)
         selection = {"estimator": result.estimator, "table": result.table}
+    step(f"fitting {method}" + (f" k={config.k}" if method == "rpod" else ""))
     policy = fit(logs, key_fit, config)
     metadata = {"data": os.path.abspath(data), "seed": seed, "n": logs.n_rounds, "k_selection": _finite(selection)}
+    step(f"saving {out}")
     spec_path = save_policy(policy, out, config=config, metadata=metadata)
     summary.update({
         "k": config.k if method == "rpod" else None,

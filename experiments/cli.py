@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print markdown tables of normalised gain (mean ± SE over seeds) per method and n, "
         "for every D, L and lambda, and the winner of each cell with paired margins.",
     )
-    report.add_argument("results", help="a sweep's results.csv")
+    report.add_argument("results", help="a sweep's results.csv or results.parquet, or its output folder")
     report.add_argument("--output", default=None, help="also write the markdown here (atomically)")
     report.add_argument("--plots", default=None, metavar="DIR", help="also write the standard PNG plots here")
     _add_byo_parsers(sub)
@@ -227,40 +227,87 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     return summary, "\n".join(f"{name:<{width}}  {value}" for name, value in summary.items())
 
 
-def _simulate(args: argparse.Namespace) -> dict[str, Any]:
-    import opl_rank
-    from simulators import SyntheticRankingEnv
+def _check_simulate_args(args: argparse.Namespace) -> None:
+    """Errors in the command line's own terms (``--tau``, not ``logging_temperature``),
+    before anything is computed."""
+    import math
 
-    if args.logging_policy == "pl":
-        logging_policy = None
-    elif args.logging_policy == "uniform":
-        logging_policy = "uniform"
-    else:
-        logging_policy = load_callable(args.logging_policy, what="--logging-policy")
+    for option, value in (("--n", args.n), ("--n-items (-D)", args.n_items), ("--context-dim", args.context_dim)):
+        if value < 1:
+            raise ValueError(f"{option} must be a positive int, got {value}")
+    if not 1 <= args.length <= args.n_items:
+        raise ValueError(f"--length (-L) must be in [1, --n-items (-D)]: got -L {args.length} with -D {args.n_items}")
+    if not 0.0 <= args.lam <= 1.0:
+        raise ValueError(f"--lam must be in [0, 1], got {args.lam}")
+    if not (math.isfinite(args.sigma) and args.sigma >= 0):
+        raise ValueError(f"--sigma must be finite and >= 0, got {args.sigma}")
+    if not (math.isfinite(args.tau) and args.tau > 0):
+        raise ValueError(f"--tau must be finite and > 0, got {args.tau}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.value_contexts < 2:
         raise ValueError(f"--value-contexts must be >= 2, got {args.value_contexts}")
-    key_env, key_data, key_value = opl_rank.prng.split_seed(args.seed, 3)
-    env = SyntheticRankingEnv.create(
-        key_env,
-        n_items=args.n_items,
-        ranking_length=args.length,
-        context_dim=args.context_dim,
-        lam=args.lam,
-        sigma=args.sigma,
-        logging_temperature=args.tau,
-        logging_policy=logging_policy,
-    )
-    data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals)
-    value = env.logging_policy_value(key_value, args.value_contexts)
-    summary = {"simulator": "synthetic", "lambda": args.lam, "tau": args.tau, "seed": args.seed}
-    summary.update(data.summary())
-    summary["logging_policy_value"] = value.value
-    summary["logging_policy_value_se"] = value.stderr
     if args.out:
-        data.save(args.out)
-        summary["saved_to"] = args.out
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if os.path.isdir(args.out):
+            raise ValueError(f"--out {args.out} is a folder; give a file name, e.g. {os.path.join(args.out, 'logged.npz')}")
+        if not os.path.isdir(folder):
+            raise ValueError(f"--out {args.out}: folder {os.path.dirname(args.out) or folder} does not exist (create it first)")
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _simulate(args: argparse.Namespace) -> dict[str, Any]:
+    import opl_rank
+    from experiments.progress import Steps, bar
+    from simulators import SyntheticRankingEnv
+    from simulators.logging_policies import CallableLogging
+
+    _check_simulate_args(args)
+    if args.logging_policy == "pl":
+        logging_policy = None
+    elif args.logging_policy == "uniform":
+        logging_policy = "uniform"
+    else:  # checked on every call: [n, D] logits, at least L finite per row
+        fn = load_callable(args.logging_policy, what="--logging-policy")
+        logging_policy = CallableLogging(fn, args.n_items, ranking_length=args.length)
+    key_env, key_data, key_value = opl_rank.prng.split_seed(args.seed, 3)
+    with bar(3 + bool(args.out), desc="simulate", unit="step", enabled=not args.quiet) as progress:
+        step = Steps(progress)
+        step("environment")
+        env = SyntheticRankingEnv.create(
+            key_env,
+            n_items=args.n_items,
+            ranking_length=args.length,
+            context_dim=args.context_dim,
+            lam=args.lam,
+            sigma=args.sigma,
+            logging_temperature=args.tau,
+            logging_policy=logging_policy,
+        )
+        # the simulator's own bar over chunks of rows, where it has one (progress=)
+        step(f"logging {args.n} rounds")
+        options = {"progress": not args.quiet} if _accepts(env.sample_logged_data, "progress") else {}
+        data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals, **options)
+        step(f"logging policy value ({args.value_contexts} contexts)")
+        options = {"progress": not args.quiet} if _accepts(env.logging_policy_value, "progress") else {}
+        value = env.logging_policy_value(key_value, args.value_contexts, **options)
+        summary = {"simulator": "synthetic", "lambda": args.lam, "tau": args.tau, "seed": args.seed}
+        summary.update(data.summary())
+        summary["logging_policy_value"] = value.value
+        summary["logging_policy_value_se"] = value.stderr
+        if args.out:
+            step(f"saving {args.out}")
+            data.save(args.out)
+            summary["saved_to"] = args.out
+        step.done()
     return summary
 
 
@@ -308,9 +355,7 @@ def _report(args: argparse.Namespace) -> None:
     from experiments.report import load_rows, markdown_report
     from opl_rank.atomic import atomic_write_text
 
-    if not os.path.exists(args.results):
-        raise ValueError(f"results file {args.results!r} does not exist")
-    rows = load_rows(args.results)
+    rows = load_rows(args.results)  # a ValueError names a missing file or a table that is not a sweep's
     text = markdown_report(rows)
     if args.output:
         atomic_write_text(args.output, text)

@@ -122,6 +122,16 @@ def run_jobs(
             raise
 
 
+class _DropPrefix:
+    """A logging filter that drops records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def filter(self, record: Any) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
 def _ray_task(fn: Callable[..., Any], job: tuple, cache_dir: str | None) -> Any:
     _enable_compilation_cache(cache_dir)
     return fn(*job)
@@ -146,9 +156,16 @@ def _run_on_ray(fn, jobs, on_result, workers, cache_dir, address) -> None:
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
             if address:
                 ray.init(address=address, runtime_env=runtime_env)
-            else:
-                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env,
-                         logging_level=logging.WARNING)  # no "Started a local Ray instance": we stop it too
+            else:  # a local instance we stop again: no "Started a local Ray instance", no note that
+                # token authentication is on (the secure default; a warning that it is off still shows)
+                auth = logging.getLogger("ray._private.authentication.authentication_token_setup")
+                enabled_note = _DropPrefix("Token authentication is enabled for this Ray cluster")
+                auth.addFilter(enabled_note)
+                try:
+                    ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env,
+                             logging_level=logging.WARNING)
+                finally:
+                    auth.removeFilter(enabled_note)
     try:
         task = ray.remote(num_cpus=1)(_ray_task).options(runtime_env=runtime_env)
         pending = {task.remote(fn, job, cache_dir): job for job in jobs}

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import yaml
 
 from experiments.config import build_with_training, load_yaml, resolve_path
+from experiments.progress import bar
 from experiments.tables import write_csv
 from opl_rank.ltr_training import LTRConfig
 
@@ -47,12 +48,18 @@ def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperimen
     return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
 
 
-def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
     """Load, split, train, and (with ``output_dir``) write ``history.csv``, ``config.yaml``
-    and ``summary.json`` atomically."""
+    and ``summary.json`` atomically. ``progress``: a bar over the epochs on stderr."""
+    with bar(experiment.training.epochs, desc="ltr", unit="epoch", enabled=progress) as epochs_bar:
+        return _run_ltr(experiment, echo, epochs_bar)
+
+
+def _run_ltr(experiment: LTRExperiment, echo: Callable[[str], None], epochs_bar: Any) -> dict[str, Any]:
     from opl_rank import atomic, ltr_training, prng
     from simulators.letor import load_letor, split_queries
 
+    epochs_bar.set_postfix_str(f"loading {os.path.basename(experiment.data)}")
     data = load_letor(experiment.data, normalize=experiment.normalize, max_docs=experiment.max_docs)
     train, valid = split_queries(data, (1.0 - experiment.valid_fraction, experiment.valid_fraction), seed=experiment.seed)
     cfg = experiment.training
@@ -61,8 +68,11 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print) -
         f"queries, {data.features.shape[2]} features; estimator={cfg.estimator} loss={cfg.loss} N={cfg.n_samples} K={cfg.cutoff}"
     )
     metric = f"valid_ndcg@{cfg.cutoff}"
+    epochs_bar.set_postfix_str("training (the first epoch compiles)")
 
     def progress(record: dict[str, float]) -> None:
+        epochs_bar.set_postfix_str(f"{metric} {record[metric]:.4f}", refresh=False)
+        epochs_bar.update(1)
         echo(
             f"epoch {record['epoch']:>3}/{cfg.epochs}  train_loss {record['train_loss']:+.4f}  "
             f"{metric} {record[metric]:.4f}  valid_loss {record['valid_loss']:+.4f}  {record['seconds']:.3f}s"

@@ -140,15 +140,20 @@ def evaluate_ranker(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) ->
     return out
 
 
-def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncation: int, data) -> list[dict[str, Any]]:
+def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncation: int, data,
+              progress: Any = None) -> list[dict[str, Any]]:
+    """One (seed, browsing, truncation); ``progress``: a bar with ``1 + len(variants)`` steps."""
     import jax
 
+    from experiments.progress import Steps
     from opl_rank import prng
     from opl_rank.pairwise_training import train_pairwise_ranker
     from simulators.clicks import ClickModel, simulate_click_logs
     from simulators.letor import split_queries
     from simulators.semi_synthetic import forest_relevance_scores
 
+    step = Steps(progress) if progress is not None else (lambda label: None)
+    step("clicks and the logging ranker")
     train, test = split_queries(data, (1.0 - experiment.test_fraction, experiment.test_fraction), seed=seed)
     ranker_scores = forest_relevance_scores(seed, train, train.features, experiment.ranker_fraction)
     k_clicks, k_train = prng.split_seed(seed, 2)
@@ -169,31 +174,44 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
     fit_features, valid_features = features[~is_valid], features[is_valid]
     fit_mask, valid_mask = logs.mask[~is_valid], logs.mask[is_valid]
     for variant in experiment.variants:
+        step(variant)
         targets = logs.relevant if variant == "relevance" else logs.clicks
         start = time.perf_counter()
+
+        def on_epoch(epoch: int, record: dict[str, float], variant: str = variant) -> None:
+            progress.set_postfix_str(f"{variant} epoch {epoch}/{experiment.training.epochs}", refresh=False)
+
         ranker = train_pairwise_ranker(
             fit_features, targets[~is_valid], fit_mask, logs.examination, logs.joint_examination, k_train,
             correction=VARIANTS[variant], config=experiment.training,
             valid=(valid_features, targets[is_valid], valid_mask) if is_valid.any() else None,
+            on_epoch=on_epoch if progress is not None else None,
         )
         scores = np.asarray(ranker.scores(test.features))
         rows.append({**base, "variant": variant, **evaluate_ranker(scores, test.labels, test.mask),
                      "epochs": len(ranker.history), "train_seconds": time.perf_counter() - start})
+    if progress is not None:
+        step.done()
     return rows
 
 
 def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] = print,
-                 new_config: bool = False) -> dict[str, Any]:
+                 new_config: bool = False, progress: bool = False) -> dict[str, Any]:
     """Run (or resume) every (seed, browsing, truncation); write cells, results.csv
     (and results.parquet), report.md and config.yaml.
 
     The output folder is locked and checked like a sweep's (:func:`experiments.resume.open_run_folder`):
     another config there is an error naming the differing keys, unless ``new_config``; cell
     files of this config are reused, bad ones named and recomputed.
+
+    ``progress``: bars on stderr (:mod:`experiments.progress`) over the cells and over each
+    cell's steps (clicks, then every variant's training, epoch by epoch).
     """
+    from experiments.progress import bar
     from simulators.letor import load_letor
 
-    with open_run_folder(experiment.output_dir, resolved_config(experiment), new_config=new_config, echo=echo) as folder:
+    with open_run_folder(experiment.output_dir, resolved_config(experiment), new_config=new_config, echo=echo) as folder, \
+            bar(len(cells(experiment)), desc="cells", unit="cell", enabled=progress) as cells_bar:
         experiment = dataclasses.replace(experiment, output_dir=folder.path)
         every = cells(experiment)
 
@@ -209,13 +227,19 @@ def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] 
             try:
                 rows.extend(read(cell))
                 resumed += 1
+                cells_bar.update(1)
                 continue
             except BadCell as bad:
                 if not isinstance(bad.__cause__, FileNotFoundError):
                     echo(f"cell file {bad}: recomputing it")
             if data is None:
+                cells_bar.set_postfix_str(f"loading {os.path.basename(experiment.data)}")
                 data = load_letor(experiment.data, n_features=experiment.n_features, normalize=experiment.normalize)
-            done = _run_cell(experiment, cell["seed"], cell["browsing"], cell["truncation"], data)
+                cells_bar.set_postfix_str("")
+            with bar(1 + len(experiment.variants), desc=cell_name(cell), unit="step", enabled=progress) as cell_bar:
+                done = _run_cell(experiment, cell["seed"], cell["browsing"], cell["truncation"], data,
+                                 progress=cell_bar if progress else None)
+            cells_bar.update(1)
             write_cell(folder.cell_path(cell_name(cell)), cell=cell, rows=done, config_hash=folder.config_hash)
             best = max((r for r in done if r["variant"] != "logging_ranker"), key=lambda r: r["ndcg@10"])
             echo(f"[{i}/{len(every)}] seed {cell['seed']} {cell['browsing']} K={cell['truncation']}: best {best['variant']} "

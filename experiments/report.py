@@ -11,28 +11,87 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections import defaultdict
 from typing import Any, Iterable
 
-__all__ = ["load_rows", "method_label", "gain_table", "winners", "k_selection", "markdown_report"]
+__all__ = ["load_rows", "results_file", "method_label", "gain_table", "winners", "k_selection", "markdown_report"]
+
+
+REQUIRED_COLUMNS = ("method", "k", "reward_model", "lambda", "n", "D", "L", "seed", "V", "normalized_gain")
+
+
+def results_file(path: str) -> str:
+    """The table ``path`` names: a file, or a sweep's folder (its ``results.csv``, else
+    ``results.parquet``). A ValueError says what is missing."""
+    if os.path.isdir(path):
+        for name in ("results.csv", "results.parquet"):
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+        raise ValueError(f"{path} is a folder without results.csv or results.parquet; pass a sweep's output_dir "
+                         "(after the sweep finished) or its results.csv")
+    if not os.path.exists(path):
+        raise ValueError(f"results file {path!r} does not exist")
+    return path
+
+
+def _read_table(path: str) -> list[dict[str, Any]]:
+    if path.endswith(".parquet"):
+        try:
+            import pandas as pd
+
+            frame = pd.read_parquet(path)
+        except ImportError as err:
+            raise ValueError(f"reading {path} needs pandas and pyarrow ({err}); or pass the results.csv beside it") from None
+        except Exception as err:  # pyarrow's errors for a file that is not Parquet
+            raise ValueError(f"{path} is not a readable Parquet file ({type(err).__name__}: {err})") from None
+        frame = frame.astype(object).where(frame.notna(), None)
+        return frame.to_dict("records")
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return list(csv.DictReader(f))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text CSV file; pass a sweep's results.csv or results.parquet") from None
+
+
+def _check_columns(path: str, columns: Iterable[str]) -> None:
+    columns = set(columns)
+    if {"variant", "ndcg@10"} <= columns:
+        report = os.path.join(os.path.dirname(os.path.abspath(path)), "report.md")
+        where = f"its report is {report}" if os.path.exists(report) else "opl-rank pairwise writes its report to report.md beside it"
+        raise ValueError(f"{path} is a pairwise results table (opl-rank pairwise), not a sweep's: {where}. "
+                         "opl-rank report reads the results.csv (or results.parquet) of opl-rank sweep")
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise ValueError(f"{path} is not a sweep's results table (opl-rank sweep's results.csv): it lacks "
+                         f"column(s) {missing}")
+
+
+def _number(value: Any, kind: type) -> Any:
+    if value is None or value == "":
+        return None if kind is int else math.nan
+    return kind(value)
 
 
 def load_rows(path: str) -> list[dict[str, Any]]:
-    """The rows of a sweep's ``results.csv`` with numbers parsed."""
+    """The rows of a sweep's ``results.csv`` or ``results.parquet`` (or of its folder) with
+    numbers parsed; a ValueError names a table that is not a sweep's (e.g. a pairwise one)."""
     ints = ("k", "n", "D", "L", "seed", "k_selected")
     floats = ("lambda", "tau", "V", "V_se", "V0", "V_star", "normalized_gain", "fit_seconds")
-    rows = []
-    with open(path, encoding="utf-8", newline="") as f:
-        for raw in csv.DictReader(f):
-            row: dict[str, Any] = dict(raw)
-            for name in ints:
-                row[name] = int(raw[name]) if raw.get(name) not in (None, "") else None
-            for name in floats:
-                if name in raw:
-                    row[name] = float(raw[name])
-            rows.append(row)
-    if not rows:
+    path = results_file(path)
+    raws = _read_table(path)
+    if not raws:
         raise ValueError(f"{path} has no rows")
+    _check_columns(path, raws[0])
+    rows = []
+    for raw in raws:
+        row: dict[str, Any] = {name: ("" if value is None else value) for name, value in raw.items()}
+        for name in ints:
+            row[name] = _number(raw.get(name), int)
+        for name in floats:
+            if name in raw:
+                row[name] = _number(raw[name], float)
+        rows.append(row)
     return rows
 
 

@@ -97,4 +97,4 @@ ax.set_xticks(x, table["policy"], fontsize=8)
 ax.set_ylabel("policy value")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(os.path.join(OUT, "policies.png"), dpi=80)  # the figure stays open: Jupyter shows it
+fig.savefig(os.path.join(OUT, "policies.png"), dpi=120)  # the figure stays open: Jupyter shows it

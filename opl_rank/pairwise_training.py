@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +96,7 @@ def train_pairwise_ranker(
     correction: str = "joint",
     config: PairwiseTrainConfig = PairwiseTrainConfig(),
     valid: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
 ) -> PairwiseRanker:
     """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W), in the
     one training loop of :mod:`opl_rank.optimization`.
@@ -112,6 +113,8 @@ def train_pairwise_ranker(
       config: :class:`PairwiseTrainConfig`.
       valid: optional held-out ``(features, targets, mask)`` lists (other queries' logs,
         same ranks): early stopping on the same loss, best parameters kept.
+      on_epoch: ``(epoch, record)`` called on the host after every epoch as training goes
+        (progress; see :func:`opl_rank.optimization.minimize`).
 
     Returns:
       :class:`PairwiseRanker`.
@@ -134,6 +137,6 @@ def train_pairwise_ranker(
                         patience=config.patience if valid is not None else None, optimizer="adamw",
                         weight_decay=config.weight_decay)
     result = minimize(_loss(module, config.pair_loss, correction), params, rows, key, train, aux=aux, valid=held_out,
-                      name=f"pairwise ranker ({correction})")
+                      on_epoch=on_epoch, name=f"pairwise ranker ({correction})")
     history = [{name: r[name] for name in ("train_loss", "valid_loss") if name in r} for r in result.history]
     return PairwiseRanker(module, result.params, history)

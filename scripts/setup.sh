@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "opl_rank needs Python >= 3.11")'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# setuptools' "Editable installation ... be careful with folders ... same name as your package"
+# box is not the user's business (the checkout is the package): silence that one warning.
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation"
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "${1:-}" = "--test" ]; then
   # torch is pinned to the CPU build these machines ship; obp needs it only to import.

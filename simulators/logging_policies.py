@@ -102,9 +102,10 @@ class CallableLogging:
         out = np.asarray(out, dtype=np.float32)
         expected = (context.shape[0], self.n_items)
         if out.shape != expected:
+            # The rows it was given, not the caller's n: a simulator passes contexts in batches.
             raise ValueError(
-                f"logging policy {name!r} returned logits of shape {out.shape}; expected "
-                f"[n, D] = {expected}"
+                f"logging policy {name!r} returned logits of shape {out.shape}; expected [n, D]: one row per "
+                f"context and D={self.n_items} columns (one logit per item); it was given a batch of {expected[0]} contexts"
             )
         if np.isnan(out).any() or np.isposinf(out).any():
             raise ValueError(f"logging policy {name!r} returned NaN or +inf logits")
@@ -118,9 +119,9 @@ class CallableLogging:
                 row = int(short[0])
                 raise ValueError(
                     f"logging policy {name!r} returned fewer than L={self.ranking_length} finite logits in "
-                    f"{short.size} row(s); first: row {row} has {int(n_finite[row])} (the others are -inf). "
-                    f"A logged ranking of length L would have to place excluded items; return at least L "
-                    f"finite logits per row, or use a shorter ranking_length"
+                    f"{short.size} of the {out.shape[0]} row(s) it was given; first: row {row} has {int(n_finite[row])} "
+                    f"(the others are -inf). A logged ranking of length L would have to place excluded items; return "
+                    f"at least L finite logits per row, or use a shorter ranking length L"
                 )
         return jnp.asarray(out / self.temperature)
 

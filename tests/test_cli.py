@@ -51,7 +51,7 @@ def test_simulate_with_user_logging_policy(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["-L", "12"], "ranking_length=12 must be <= n_items=10"),
+        (["-L", "12"], "--length (-L) must be in [1, --n-items (-D)]: got -L 12 with -D 10"),
         (["--lam", "2"], "lam must be in [0, 1]"),
         (["--n", "0"], "n must be a positive int"),
         (["--logging-policy", "no_such_module:f"], "cannot import module 'no_such_module'"),

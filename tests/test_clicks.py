@@ -62,6 +62,7 @@ def test_swap_intervention_recovers_joint_examination(browsing):
         joint_examination_from_swaps(jnp.ones(5, bool), jnp.zeros(5, bool), 0.5)
 
 
+@pytest.mark.slow
 def test_click_rewards_as_an_environments_reward_model():
     env = SyntheticRankingEnv.create(make_key(0), n_items=6, ranking_length=3, bias_scale=0.3)
     clicks = ClickRewardModel(env.reward_model, ClickModel("continuous", 3))

@@ -43,6 +43,7 @@ def _config(method, **kwargs):
     ],
     ids=["ips", "rips", "iips", "dr", "regression", "rpod-1", "rpod-1-pairwise"],
 )
+@pytest.mark.slow
 def test_learned_policy_beats_the_logging_policy(setting, config):
     env, data, v0 = setting
     policy = fit(data, make_key(3), config)
@@ -50,6 +51,7 @@ def test_learned_policy_beats_the_logging_policy(setting, config):
     assert value.value > v0.value + 4 * math.hypot(value.stderr, v0.stderr)
 
 
+@pytest.mark.slow
 def test_k_zero_is_regression_and_k_l_is_dr(setting):
     env, data, _ = setting
     x = env.sample_contexts(make_key(5), 100)
@@ -63,6 +65,7 @@ def test_k_zero_is_regression_and_k_l_is_dr(setting):
     np.testing.assert_allclose(np.asarray(dr.logits(x)), np.asarray(k_l.logits(x)), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_two_stage_policy_log_prob_and_support(setting):
     env, data, _ = setting
     policy = fit(data, make_key(7), _config("rpod", k=2))
