@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opl_rank.plackett_luce import placement_log_probs, sample_rankings, valid_items
 
@@ -265,8 +266,13 @@ def _item_rank_probs(row_logits: jax.Array, row_valid: jax.Array, d: jax.Array, 
 def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Exact ``P(a_l = rankings[.., l])``: each ranked item's probability of its own slot.
 
-    What IIPS needs. Slot ``l`` only needs the first ``l`` entries of the Poisson-binomial
-    recursion, so this costs ~``(L + 1) / 2L`` of :func:`exact_ranked_item_marginals`.
+    What IIPS needs. Up to ``_UNROLL_MAX_ITEMS`` (32) items: the per-item quadrature (slot
+    ``l`` only needs the first ``l`` entries of the Poisson-binomial recursion, ~``(L + 1) /
+    2L`` of :func:`exact_ranked_item_marginals`). Above: the shared-grid quadrature
+    (docs/maths.md §1.8, "logged items only"): one Poisson-binomial table of the items
+    outside the ranking serves all ``L`` ranked items, ``O(Q' (K L + D N))`` per row instead
+    of ``O(Q L^2 D)``; rows whose logits spread too far for its grid fall back, per call, to
+    a wider grid and then to the per-item quadrature. Differentiable either way.
 
     Args:
       logits: ``[.., D]``.
@@ -282,11 +288,181 @@ def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.A
     flat_logits = logits.reshape((-1, n_items))
     flat_valid = valid.reshape((-1, n_items))
     flat_rankings = rankings.astype(jnp.int32).reshape((-1, n_slots))
+    if n_items <= _UNROLL_MAX_ITEMS or flat_logits.shape[0] == 0:
+        out = _per_item_slot_marginals(flat_logits, flat_valid, flat_rankings)
+    else:
+        outside = _outside_ranking(flat_logits, flat_valid, flat_rankings)
+        top = jax.lax.top_k(outside, min(_recursed_items(n_slots), n_items))[0]  # used whole: a slice makes XLA sort
+        tier = _shared_grid_tier(flat_logits, flat_valid, flat_rankings, top)
+        branches = [functools.partial(_shared_grid_slot_marginals, n_nodes=q) for q in _SHARED_GRID_NODES]
+        per_item = lambda logits, valid, rankings, outside, top: _per_item_slot_marginals(logits, valid, rankings)
+        out = jax.lax.switch(tier, branches + [per_item], flat_logits, flat_valid, flat_rankings, outside, top)
+    return out.reshape(rankings.shape)
+
+
+def _per_item_slot_marginals(logits: jax.Array, valid: jax.Array, rankings: jax.Array) -> jax.Array:
+    """``[n, D], [n, D], int [n, L] -> [n, L]``: each slot's item by its own quadrature."""
     per_slot = [
-        jax.vmap(_item_rank_probs, in_axes=(0, 0, 0, None))(flat_logits, flat_valid, flat_rankings[:, l], l + 1)[:, l]
-        for l in range(n_slots)
+        jax.vmap(_item_rank_probs, in_axes=(0, 0, 0, None))(logits, valid, rankings[:, l], l + 1)[:, l]
+        for l in range(rankings.shape[-1])
     ]
-    return jnp.stack(per_slot, axis=-1).reshape(rankings.shape)
+    return jnp.stack(per_slot, axis=-1)
+
+
+# --- The shared-grid quadrature of the logged items' own-slot marginals -----------------
+# (docs/maths.md §1.8, "logged items only"; timings: docs/performance.md §10.)
+# All ranked items of a row share one grid in log t (t the race's time, not each item's
+# rescaled v = w_d t): a trapezoid rule is equally accurate at any offset, so item d's nodes
+# are the shared ones shifted by s_d. Then the Poisson-binomial table of the items outside
+# the ranking is computed once per row. Of those, the K with the largest logits go through
+# the recursion; the rest, each finishing with probability <= 1/2 at every node that is
+# kept, enter through the power sums sum_j x_j^r (x_j = e^{w_j t} - 1 <= 1) of
+# log prod_j (1 + x_j z), formed from the moments sum_j w_j^n by a Taylor series with
+# positive terms, and Newton's identities. Nodes where the (K+1)-th item has finished with
+# probability > 1/2 are dropped: there fewer than L of the top K have finished with
+# probability < L C(K, L-1) 2^-K <= 1e-8. The other ranked items multiply in last, by
+# prefix and suffix products. A finer step than the per-item rule's: at large D the
+# integrand's strip of analyticity narrows and the 48-node rule's error grows to ~1e-3
+# (relative) at slot 10; this step keeps it near 1e-5.
+_SHARED_STEP = (_QUAD_LOG_V_MAX - _QUAD_LOG_V_MIN) / 63
+_SHARED_GRID_NODES = (80, 256)  # grid sizes tried in turn, then the per-item quadrature
+_LOG_LN2 = math.log(math.log(2.0))
+_LOG_30 = math.log(30.0)  # L e^-30 bounds what lies beyond the L-th other item's w t = 30
+_DROPPED_NODE_MASS = 1e-8
+
+
+@functools.lru_cache(maxsize=None)
+def _recursed_items(n_slots: int) -> int:
+    """``K``: items in the recursion, so that ``L C(K, L-1) 2^-K <= 1e-8``."""
+    k = max(n_slots, 1)
+    while n_slots * math.comb(k, n_slots - 1) * 2.0 ** -k > _DROPPED_NODE_MASS:
+        k += 1
+    return k
+
+
+@functools.lru_cache(maxsize=None)
+def _power_series(n_slots: int) -> np.ndarray:
+    """``A[r - 1, n - 1]``: the coefficient of ``y^n`` in ``(e^y - 1)^r``, ``r < L``, with
+    enough terms for a relative error below ``1e-9`` at ``y = ln 2``: ``[L - 1, N]``."""
+    n_max = 8 * n_slots + 40
+    base = np.array([0.0] + [1.0 / math.factorial(n) for n in range(1, n_max)])
+    power, rows, terms_needed = np.eye(1, n_max)[0], [], 2
+    for _ in range(1, n_slots):
+        power = np.convolve(power, base)[:n_max]
+        terms = power * math.log(2.0) ** np.arange(n_max)
+        tail = np.cumsum(terms[::-1])[::-1] / terms.sum()
+        terms_needed = max(terms_needed, int(np.argmax(tail < 1e-9)))
+        rows.append(power)
+    return np.array(rows, np.float64).reshape(n_slots - 1, n_max)[:, 1:terms_needed].astype(np.float32)
+
+
+def _ranked_logits(logits, valid, rankings):
+    """The ranked items' logits, validity, and the row's largest ranked logit (no gradient)."""
+    r_valid = jnp.take_along_axis(valid, rankings, axis=-1)
+    r_logit = jnp.where(r_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)
+    s_hi = jnp.max(jnp.where(r_valid, r_logit, -jnp.inf), axis=-1, keepdims=True)
+    return r_logit, r_valid, jax.lax.stop_gradient(jnp.where(jnp.isfinite(s_hi), s_hi, 0.0))
+
+
+def _outside_ranking(logits, valid, rankings):
+    """Logits of the valid items outside the ranking (``-inf`` elsewhere): ``[n, D]``."""
+    in_ranking = jnp.any(rankings[:, :, None] == jnp.arange(logits.shape[-1], dtype=rankings.dtype), axis=1)
+    return jnp.where(jnp.logical_and(valid, jnp.logical_not(in_ranking)), logits, -jnp.inf)
+
+
+def _shared_grid_tier(logits, valid, rankings, top) -> jax.Array:
+    """Index of the first grid of ``_SHARED_GRID_NODES`` that covers every row of the call
+    (``len(_SHARED_GRID_NODES)``: none does, or a valid item is ranked twice).
+
+    Item d needs ``log t`` up to ``4 - s_d`` (``v = e^4``), but no row needs nodes beyond
+    ``log 30 - s_(L)`` (the L-th largest logit outside the ranking: every item then has L
+    others that finished with probability > 1 - e^-30) or beyond the dropped nodes.
+    """
+    n_slots = rankings.shape[-1]
+    r_logit, r_valid, s_hi = _ranked_logits(logits, valid, rankings)
+    s_lo = jnp.min(jnp.where(r_valid, r_logit, jnp.inf), axis=-1)
+    k = top.shape[-1]  # the K largest logits outside the ranking
+    s_l = jnp.max(jnp.where(jnp.arange(k) == min(n_slots, k) - 1, top, -jnp.inf), axis=-1)
+    needed = jnp.minimum(4.0 - s_lo, _LOG_30 - s_l)
+    if logits.shape[-1] > k:
+        needed = jnp.minimum(needed, _LOG_LN2 - jnp.min(top, axis=-1))
+    first = -18.0 - s_hi[:, 0]  # log t at node 0
+    span = jnp.where(jnp.any(r_valid, axis=-1), needed - first, 0.0)
+    same = rankings[:, :, None] == rankings[:, None, :]
+    twice = jnp.any(same & ~jnp.eye(n_slots, dtype=bool) & r_valid[:, :, None])
+    fits = [jnp.all(span <= _SHARED_STEP * (q - 1)) for q in _SHARED_GRID_NODES]
+    tier = jnp.argmax(jnp.array(fits + [True]))
+    return jnp.where(twice, len(_SHARED_GRID_NODES), tier)
+
+
+def _mul_linear(poly, stay, done):
+    """``poly * (stay + done z)`` truncated to ``len(poly)`` coefficients (a list of arrays)."""
+    return [poly[0] * stay] + [poly[k] * stay + poly[k - 1] * done for k in range(1, len(poly))]
+
+
+def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
+    """``[n, D], [n, D], int [n, L] -> [n, L]`` on a grid of ``n_nodes`` shared nodes
+    (``outside``: :func:`_outside_ranking`; ``top``: its ``K`` largest entries)."""
+    n, n_items = logits.shape
+    n_slots = rankings.shape[-1]
+    r_logit, r_valid, s_hi = _ranked_logits(logits, valid, rankings)
+    node = _SHARED_STEP * jnp.arange(n_nodes, dtype=jnp.float32)  # log t + 18 + s_hi
+    mid = 0.5 * _SHARED_STEP * (n_nodes - 1)  # rates w_j t_m = e^{s_j - 18 - s_hi + mid} e^{node_m - mid}: both finite
+    e_node = jnp.exp(node - mid)
+    k = top.shape[-1]
+    table = [jnp.ones((n, n_nodes), jnp.float32)] + [jnp.zeros((n, n_nodes), jnp.float32)] * (n_slots - 1)
+    kept = jnp.ones((n, n_nodes), bool)
+    if n_items > k:  # the rest: moments, power sums, Newton's identities
+        s_min = jax.lax.stop_gradient(jnp.min(top, axis=-1, keepdims=True))  # every rest item lies at or below
+        has_rest = jnp.isfinite(s_min)
+        s_ref = jnp.where(has_rest, s_min, 0.0)
+        below = jnp.where(outside < s_min, outside - s_ref, -jnp.inf)  # strictly below; the ties next
+        ties = jnp.sum(outside == s_min, axis=-1, keepdims=True) - jnp.sum(top == s_min, axis=-1, keepdims=True)
+        ties = jnp.where(has_rest, ties, 0)
+        log_tp = jnp.minimum(s_ref - 18.0 - s_hi + node, _LOG_LN2)  # log(w_ref t), t' <= ln 2 where kept
+        kept = jnp.logical_or(~has_rest, s_ref - 18.0 - s_hi + node <= _LOG_LN2)
+        p0 = jnp.exp(-jnp.exp(log_tp) * (jnp.sum(jnp.exp(below), axis=-1, keepdims=True) + ties))
+        if n_slots > 1:
+            series = jnp.asarray(_power_series(n_slots))  # [L-1, N]
+            powers = jnp.arange(1, series.shape[1] + 1, dtype=jnp.float32)
+            moments = jnp.sum(jnp.exp(below[:, :, None] * powers), axis=1) + ties.astype(jnp.float32)  # [n, N]
+            power_sums = jnp.einsum("rqn,rn,kn->rqk", jnp.exp(log_tp[:, :, None] * powers), moments, series)
+            elementary = [jnp.ones((n, n_nodes), jnp.float32)]  # e_k of the x_j (Newton's identities)
+            for j in range(1, n_slots):
+                elementary.append(sum((1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r]
+                                      for r in range(1, j + 1)) / j)
+            table = [p0 * e for e in elementary]
+        else:
+            table = [p0]
+        table, kept = jax.lax.optimization_barrier((table, kept))  # materialised once, not refused per use
+
+    def add_items(pmf, scale):  # one item: pmf * (stay + done z)
+        rate = scale[:, None] * e_node[None, :]
+        stay, done = jnp.exp(-rate), -jnp.expm1(-rate)
+        shifted = jnp.concatenate([jnp.zeros_like(pmf[:1]), pmf[:-1]], axis=0)
+        return pmf * stay[None] + shifted * done[None], None
+
+    scale = jnp.exp(top - 18.0 - s_hi + mid)  # 0 for -inf
+    table, _ = jax.lax.scan(add_items, jnp.stack(table), scale.T)
+    table = jax.lax.optimization_barrier(jnp.where(kept[None], table, 0.0))
+
+    rate = jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node  # [n, L, Q]
+    stay, done = jax.lax.optimization_barrier((jnp.exp(-rate), -jnp.expm1(-rate)))
+    prefix = [list(table)]  # prefix[l]: the table times the ranked items before slot l
+    for j in range(n_slots - 1):
+        prefix.append(list(jax.lax.optimization_barrier(jnp.stack(_mul_linear(prefix[-1], stay[:, j], done[:, j])))))
+    suffix = [[jnp.ones((n, n_nodes), jnp.float32)]]  # suffix[i]: ranked items after slot L-1-i
+    for j in range(n_slots - 1, 0, -1):
+        grown = suffix[-1] + [jnp.zeros((n, n_nodes), jnp.float32)]
+        suffix.append(_mul_linear(grown, stay[:, j], done[:, j])[:n_slots])
+    log_v = (r_logit - 18.0 - s_hi)[:, :, None] + node  # each ranked item's own log v
+    weight = _SHARED_STEP * jnp.exp(log_v - jnp.exp(log_v))
+    out = []
+    for l in range(n_slots):
+        after = suffix[n_slots - 1 - l]  # items after slot l
+        coefficient = sum(prefix[l][i] * after[l - i] for i in range(l + 1) if l - i < len(after))
+        out.append(jnp.sum(weight[:, l] * coefficient, axis=-1))
+    return jnp.where(r_valid, jnp.clip(jnp.stack(out, axis=-1), 0.0, 1.0), 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("n_slots",))
