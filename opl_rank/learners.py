@@ -31,7 +31,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from opl_rank import opl_estimators
+from opl_rank import marginals, opl_estimators
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl_estimators import ModelTerms, estimate
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, train_jit
@@ -76,7 +76,13 @@ class LearnerConfig:
       item_feature_dim: ``F`` when the context packs the D candidates' features
         (LETOR-style environments, ``context[:, :D*F]``): the policy and f_hat's item head
         are then one MLP shared by every item. None: a per-item head on the context.
-      n_samples: sampled rankings per round for the model terms.
+      n_samples: sampled rankings per round for the model terms (and for sampled slot
+        marginals).
+      slot_marginals: how estimators that read position marginals (iips) get the policy's
+        marginals of the logged items: ``"exact"`` (quadrature), ``"sampled"``
+        (Rao-Blackwellised from ``n_samples`` rankings, unbiased in value and gradient) or
+        ``"auto"``: chosen by cost (:func:`opl_rank.marginals.slot_marginal_method`: exact
+        for small D -- all D <= 10 with L <= 10 -- sampled from D = 16 at L = 10, 40 at L = 5).
       max_log_weight: clip on log importance weights (see the module docstring).
       train: optimisation of the policy.
       reward_train: optimisation of f_hat.
@@ -90,6 +96,7 @@ class LearnerConfig:
     reward_hidden: tuple[int, ...] = ()
     item_feature_dim: int | None = None
     n_samples: int = 8
+    slot_marginals: str = "auto"
     max_log_weight: float = 50.0
     train: TrainConfig = TrainConfig(epochs=30, batch_size=256, learning_rate=5e-2)
     reward_train: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2)
@@ -107,6 +114,8 @@ class LearnerConfig:
             raise ValueError(f"reward_model must be one of {REWARD_MODEL_KINDS}, got {self.reward_model!r}")
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise ValueError(f"n_samples must be an int >= 2 (leave-one-out baselines), got {self.n_samples!r}")
+        if self.slot_marginals not in ("auto", "exact", "sampled"):
+            raise ValueError(f"slot_marginals must be 'auto', 'exact' or 'sampled', got {self.slot_marginals!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.item_feature_dim is not None and (not isinstance(self.item_feature_dim, int) or self.item_feature_dim < 1):
@@ -129,6 +138,7 @@ class _Plan(NamedTuple):
     n_slots: int
     reward_module: Any  # None without f_hat
     policy_module: Any
+    slot_marginal_samples: int = 0  # > 0: the policy's slot marginals are sampled (by cost)
 
 
 def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
@@ -143,7 +153,11 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
         module = reward_module(data, config.reward_model, config.reward_hidden, "sum", config.item_feature_dim, k)
     estimator = None if k == 0 else ("topk" if config.method == "rpod" else config.method)
     policy_module = make_scorer(data.n_items, config.policy_hidden, config.item_feature_dim)
-    return _Plan(config, estimator, k, n_slots, module, policy_module)
+    samples = 0
+    if estimator is not None and opl_estimators.get(estimator).needs_position_marginals:
+        chosen = marginals.slot_marginal_method(data.n_items, k, config.n_samples, config.slot_marginals)
+        samples = config.n_samples if chosen == "sampled" else 0
+    return _Plan(config, estimator, k, n_slots, module, policy_module, samples)
 
 
 @functools.lru_cache(maxsize=128)
@@ -157,8 +171,9 @@ def _surrogate(plan: _Plan) -> Callable:
     entry = opl_estimators.get(plan.estimator)
 
     def loss(params, batch: LoggedData, key, reward_params):
-        policy = PLPolicy(plan.policy_module, params, k)
-        target = policy.propensities(batch, slot_marginals=entry.needs_position_marginals)
+        policy = PLPolicy(plan.policy_module, params, k, plan.slot_marginal_samples)
+        k_marginals = jax.random.fold_in(key, 1) if plan.slot_marginal_samples else None  # other keys unchanged
+        target = policy.propensities(batch, k_marginals, slot_marginals=entry.needs_position_marginals)
         model = None
         if entry.needs_reward_model:
             reward_model = _reward_model(plan, reward_params, batch.position_weight)

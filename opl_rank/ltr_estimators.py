@@ -193,17 +193,66 @@ def marginalize_first_utility(logits, relevance, position_weight, key, n_samples
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
 @_with_doc
 def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
-    """Marginalize-all (Eq. 30): every position's reward marginalized over its sampled prefix."""
+    """Marginalize-all (Eq. 30): every position's reward marginalized over its sampled prefix.
+
+    The gradient is formed in closed form (a custom reverse pass; the same estimator as
+    differentiating the surrogate): for item j,
+    ``(1/N) sum_n [sum_k pi_nk(j) (theta_k (rho_j - E_nk) - C_nk) + sum_k C_nk 1{y_nk = j}]``
+    with ``E_nk = sum_d pi_nk(d) rho_d``, ``C_nk = sum_{k' > k} theta_k' (E_nk' - b_nk')``
+    and ``b`` the leave-one-out baselines -- one pass over the ``[N, .., K, D]`` placement
+    probabilities instead of autodiff's (5x slower on CPU: it reduces over samples and
+    items inside one strided fusion)."""
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
-    place = s.placement()  # [N, .., K, D]
-    rel = jnp.where(s.valid, relevance.astype(jnp.float32), 0.0)[..., None, :]  # [N, .., 1, D]
-    expected = jnp.sum(place * rel, axis=-1)  # [N, .., K] sum_d pi(d|prefix) rho_d
-    b = leave_one_out_mean(expected)[..., None] if baseline else jnp.zeros_like(expected)[..., None]
-    theta = _expand(position_weight, expected)
-    score = place + sg(place) * s.log_prefix_before()[..., None]
-    surrogate = jnp.mean(jnp.sum(theta * jnp.sum(sg(rel - b) * score, axis=-1), axis=-1), axis=0)
-    return magic_box(jnp.mean(jnp.sum(theta * expected, axis=-1), axis=0), surrogate)
+    rel = jnp.where(s.valid[0], relevance.astype(jnp.float32), 0.0)  # [.., D]
+    return _marginalize_all(logits.astype(jnp.float32), rel, position_weight.astype(jnp.float32), s.rankings, s.valid[0],
+                            baseline)
+
+
+def _marginalize_all_parts(logits, rel, theta, rankings, valid):
+    """Placement probabilities ``[N, .., K, D]``, ``E [N, .., K]``, their sums over items and
+    ``log pi(y_{1:k-1})``."""
+    shape = (rankings.shape[0],) + logits.shape
+    many, where = jnp.broadcast_to(logits, shape), jnp.broadcast_to(valid, shape)
+    place = jnp.exp(pl.placement_log_probs(many, rankings, where=where))
+    expected = jnp.sum(place * rel[None, ..., None, :], axis=-1)  # sum_d pi(d|prefix) rho_d
+    total = jnp.sum(place, axis=-1)  # 1 at real slots, 0 at padding
+    lp = pl.prefix_log_probs(many, rankings, where=where)
+    before = jnp.concatenate([jnp.zeros_like(lp[..., :1]), lp[..., :-1]], axis=-1)
+    return place, expected, total, before
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _marginalize_all(logits, rel, theta, rankings, valid, baseline):
+    _, expected, _, _ = _marginalize_all_parts(logits, rel, theta, rankings, valid)
+    return jnp.mean(jnp.sum(_expand(theta, expected) * expected, axis=-1), axis=0)
+
+
+def _marginalize_all_fwd(logits, rel, theta, rankings, valid, baseline):
+    place, expected, total, before = _marginalize_all_parts(logits, rel, theta, rankings, valid)
+    value = jnp.mean(jnp.sum(_expand(theta, expected) * expected, axis=-1), axis=0)
+    return value, (logits, rel, theta, rankings, valid, place, expected, total, before)
+
+
+def _marginalize_all_bwd(baseline, residuals, g):
+    logits, rel, theta, rankings, valid, place, expected, total, before = residuals
+    n_samples = rankings.shape[0]
+    b = leave_one_out_mean(expected) if baseline else jnp.zeros_like(expected)
+    th = _expand(theta, expected)
+    advantage = expected - b * total  # sum_d (rho_d - b) pi(d | prefix)
+    c = th * advantage
+    after = jnp.cumsum(c[..., ::-1], axis=-1)[..., ::-1] - c  # C_k = sum_{k' > k} c_k'
+    slot_valid = jnp.take_along_axis(jnp.broadcast_to(valid, place.shape[:-2] + valid.shape[-1:]), rankings, axis=-1)
+    per_item = jnp.sum(place * (th[..., None] * (rel[None, ..., None, :] - expected[..., None]) - after[..., None]), axis=-2)
+    chosen = pl.one_hot_rankings(rankings, logits.shape[-1]).astype(jnp.float32)  # [N, .., K, D]: y_nk
+    per_item = per_item + jnp.sum(jnp.where(slot_valid, after, 0.0)[..., None] * chosen, axis=-2)
+    d_logits = g[..., None] * jnp.mean(per_item, axis=0)
+    # position_weight: the surrogate's sum_d (rho_d - b) (pi + pi log pi(y_{1:k-1})) per slot
+    d_theta = jnp.sum(g[None, ..., None] * advantage * (1.0 + before), axis=tuple(range(advantage.ndim - 1))) / n_samples
+    return d_logits, jnp.zeros_like(rel), d_theta, None, None
+
+
+_marginalize_all.defvjp(_marginalize_all_fwd, _marginalize_all_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline", "corrected"))

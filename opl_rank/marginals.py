@@ -20,13 +20,17 @@ on CPU).
 Cost per row (``Q = 48``): ``O(Q D^2 L)`` for every item and slot
 (:func:`exact_position_marginals`), ``O(Q L^2 D)`` for the ``L`` logged items only
 (:func:`exact_ranked_item_marginals`; :func:`exact_slot_marginals`, each logged item's own
-slot only, ~``(L + 1) / 2L`` of that). Timings and the measured alternatives:
-docs/performance.md §4.
+slot only, ~``(L + 1) / 2L`` of that). Above 32 items :func:`exact_slot_marginals` puts the
+logged items on one shared grid, ``O(Q' (K L + L^3) + D N)`` per row (docs/maths.md §1.8,
+"logged items only"). Timings and the measured alternatives: docs/performance.md §4, §11.
 
 Estimated (docs/maths.md §1.9): :func:`estimate_position_marginals` averages the placement
 probabilities of ``N`` sampled prefixes (Rao-Blackwellised, unbiased, exact at ``l = 1``),
 ``O(N L D)`` per row. :func:`position_marginals` chooses the exact quadrature while it is
-affordable and the estimate otherwise, and says which it used.
+affordable and the estimate otherwise, and says which it used. For the logged items' own
+slots, :func:`sampled_slot_marginals` is the same estimate with an unbiased gradient
+(``O(N (D + L^2))`` per row); the learners choose between it and the exact quadrature by
+cost (:func:`slot_marginal_method`).
 
 Shapes and masks follow :mod:`opl_rank.plackett_luce`: the last axis of ``logits`` is items
 (``D``), ``where`` an optional bool ``[.., D]`` mask; results are float32 ``[.., L, D]``
@@ -43,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank.plackett_luce import placement_log_probs, sample_rankings, valid_items
+from opl_rank.plackett_luce import cumsum_slots, placement_log_probs, sample_rankings, slot_log_probs, valid_items
 
 __all__ = [
     "PositionMarginals",
@@ -53,6 +57,9 @@ __all__ = [
     "exact_ranked_item_marginals",
     "exact_slot_marginals",
     "position_marginals",
+    "sampled_slot_marginals",
+    "slot_marginal_cost",
+    "slot_marginal_method",
 ]
 
 
@@ -291,13 +298,43 @@ def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.A
     if n_items <= _UNROLL_MAX_ITEMS or flat_logits.shape[0] == 0:
         out = _per_item_slot_marginals(flat_logits, flat_valid, flat_rankings)
     else:
-        outside = _outside_ranking(flat_logits, flat_valid, flat_rankings)
-        top = jax.lax.top_k(outside, min(_recursed_items(n_slots), n_items))[0]  # used whole: a slice makes XLA sort
-        tier = _shared_grid_tier(flat_logits, flat_valid, flat_rankings, top)
-        branches = [functools.partial(_shared_grid_slot_marginals, n_nodes=q) for q in _SHARED_GRID_NODES]
-        per_item = lambda logits, valid, rankings, outside, top: _per_item_slot_marginals(logits, valid, rankings)
-        out = jax.lax.switch(tier, branches + [per_item], flat_logits, flat_valid, flat_rankings, outside, top)
+        out = _large_slot_marginals(flat_logits, flat_valid, flat_rankings)
     return out.reshape(rankings.shape)
+
+
+def _slot_marginal_branches(logits, valid, rankings):
+    """The grid tier of a call and its branches ``(logits) -> [n, L]`` (shared grids, then
+    the per-item quadrature)."""
+    outside = _outside_ranking(logits, valid, rankings)
+    top = _top_outside(outside, rankings.shape[-1])
+    tier = _shared_grid_tier(logits, valid, rankings, top)
+    branches = [functools.partial(_shared_grid_slot_marginals, valid=valid, rankings=rankings, n_nodes=q)
+                for q in _SHARED_GRID_NODES]
+    return tier, top, branches + [lambda s: _per_item_slot_marginals(s, valid, rankings)]
+
+
+@jax.custom_vjp
+def _large_slot_marginals(logits, valid, rankings):
+    """The tiered quadrature for ``D > _UNROLL_MAX_ITEMS``; its reverse pass differentiates
+    only the branch that ran (a differentiated ``switch`` would carry every branch's
+    residuals, the per-item quadrature's ``[D, L, Q]`` tables among them)."""
+    tier, top, branches = _slot_marginal_branches(logits, valid, rankings)
+    branches = [functools.partial(b, top=top) for b in branches[:-1]] + branches[-1:]
+    return jax.lax.switch(tier, branches, logits)
+
+
+def _large_fwd(logits, valid, rankings):
+    return _large_slot_marginals(logits, valid, rankings), (logits, valid, rankings)
+
+
+def _large_bwd(residuals, g):
+    logits, valid, rankings = residuals
+    tier, _, branches = _slot_marginal_branches(logits, valid, rankings)
+    pullbacks = [lambda s, g, b=b: jax.vjp(b, s)[1](g)[0] for b in branches]
+    return jax.lax.switch(tier, pullbacks, logits, g), None, None
+
+
+_large_slot_marginals.defvjp(_large_fwd, _large_bwd)
 
 
 def _per_item_slot_marginals(logits: jax.Array, valid: jax.Array, rankings: jax.Array) -> jax.Array:
@@ -310,7 +347,7 @@ def _per_item_slot_marginals(logits: jax.Array, valid: jax.Array, rankings: jax.
 
 
 # --- The shared-grid quadrature of the logged items' own-slot marginals -----------------
-# (docs/maths.md §1.8, "logged items only"; timings: docs/performance.md §10.)
+# (docs/maths.md §1.8, "logged items only"; timings: docs/performance.md §11.)
 # All ranked items of a row share one grid in log t (t the race's time, not each item's
 # rescaled v = w_d t): a trapezoid rule is equally accurate at any offset, so item d's nodes
 # are the shared ones shifted by s_d. Then the Poisson-binomial table of the items outside
@@ -366,7 +403,7 @@ def _ranked_logits(logits, valid, rankings):
 
 def _outside_ranking(logits, valid, rankings):
     """Logits of the valid items outside the ranking (``-inf`` elsewhere): ``[n, D]``."""
-    in_ranking = jnp.any(rankings[:, :, None] == jnp.arange(logits.shape[-1], dtype=rankings.dtype), axis=1)
+    in_ranking = jnp.any(rankings[:, :, None] == jnp.arange(logits.shape[-1], dtype=rankings.dtype)[None, None, :], axis=1)
     return jnp.where(jnp.logical_and(valid, jnp.logical_not(in_ranking)), logits, -jnp.inf)
 
 
@@ -382,14 +419,14 @@ def _shared_grid_tier(logits, valid, rankings, top) -> jax.Array:
     r_logit, r_valid, s_hi = _ranked_logits(logits, valid, rankings)
     s_lo = jnp.min(jnp.where(r_valid, r_logit, jnp.inf), axis=-1)
     k = top.shape[-1]  # the K largest logits outside the ranking
-    s_l = jnp.max(jnp.where(jnp.arange(k) == min(n_slots, k) - 1, top, -jnp.inf), axis=-1)
+    s_l = jnp.max(jnp.where(jnp.arange(k)[None, :] == min(n_slots, k) - 1, top, -jnp.inf), axis=-1)
     needed = jnp.minimum(4.0 - s_lo, _LOG_30 - s_l)
     if logits.shape[-1] > k:
         needed = jnp.minimum(needed, _LOG_LN2 - jnp.min(top, axis=-1))
     first = -18.0 - s_hi[:, 0]  # log t at node 0
     span = jnp.where(jnp.any(r_valid, axis=-1), needed - first, 0.0)
     same = rankings[:, :, None] == rankings[:, None, :]
-    twice = jnp.any(same & ~jnp.eye(n_slots, dtype=bool) & r_valid[:, :, None])
+    twice = jnp.any(same & ~jnp.eye(n_slots, dtype=bool)[None] & r_valid[:, :, None])
     fits = [jnp.all(span <= _SHARED_STEP * (q - 1)) for q in _SHARED_GRID_NODES]
     tier = jnp.argmax(jnp.array(fits + [True]))
     return jnp.where(twice, len(_SHARED_GRID_NODES), tier)
@@ -400,11 +437,20 @@ def _mul_linear(poly, stay, done):
     return [poly[0] * stay] + [poly[k] * stay + poly[k - 1] * done for k in range(1, len(poly))]
 
 
-def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
+def _top_outside(outside: jax.Array, n_slots: int) -> jax.Array:
+    """The ``K`` largest logits outside the ranking, largest first: ``[n, K]``."""
+    return jax.lax.top_k(outside, min(_recursed_items(n_slots), outside.shape[-1]))[0]
+
+
+def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
     """``[n, D], [n, D], int [n, L] -> [n, L]`` on a grid of ``n_nodes`` shared nodes
-    (``outside``: :func:`_outside_ranking`; ``top``: its ``K`` largest entries)."""
+    (``top``: :func:`_top_outside`, when already at hand; it is used whole, as a slice of
+    ``top_k``'s output makes XLA replace its TopK kernel by a full sort)."""
     n, n_items = logits.shape
     n_slots = rankings.shape[-1]
+    outside = _outside_ranking(logits, valid, rankings)
+    if top is None:
+        top = _top_outside(outside, n_slots)
     r_logit, r_valid, s_hi = _ranked_logits(logits, valid, rankings)
     node = _SHARED_STEP * jnp.arange(n_nodes, dtype=jnp.float32)  # log t + 18 + s_hi
     mid = 0.5 * _SHARED_STEP * (n_nodes - 1)  # rates w_j t_m = e^{s_j - 18 - s_hi + mid} e^{node_m - mid}: both finite
@@ -418,15 +464,15 @@ def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
         s_ref = jnp.where(has_rest, s_min, 0.0)
         below = jnp.where(outside < s_min, outside - s_ref, -jnp.inf)  # strictly below; the ties next
         ties = jnp.sum(outside == s_min, axis=-1, keepdims=True) - jnp.sum(top == s_min, axis=-1, keepdims=True)
-        ties = jnp.where(has_rest, ties, 0)
-        log_tp = jnp.minimum(s_ref - 18.0 - s_hi + node, _LOG_LN2)  # log(w_ref t), t' <= ln 2 where kept
-        kept = jnp.logical_or(~has_rest, s_ref - 18.0 - s_hi + node <= _LOG_LN2)
+        ties = jnp.where(has_rest, ties, 0).astype(jnp.float32)
+        log_tp = jnp.minimum(s_ref - 18.0 - s_hi + node[None, :], _LOG_LN2)  # log(w_ref t), t' <= ln 2 where kept
+        kept = jnp.logical_or(~has_rest, s_ref - 18.0 - s_hi + node[None, :] <= _LOG_LN2)
         p0 = jnp.exp(-jnp.exp(log_tp) * (jnp.sum(jnp.exp(below), axis=-1, keepdims=True) + ties))
         if n_slots > 1:
             series = jnp.asarray(_power_series(n_slots))  # [L-1, N]
             powers = jnp.arange(1, series.shape[1] + 1, dtype=jnp.float32)
-            moments = jnp.sum(jnp.exp(below[:, :, None] * powers), axis=1) + ties.astype(jnp.float32)  # [n, N]
-            power_sums = jnp.einsum("rqn,rn,kn->rqk", jnp.exp(log_tp[:, :, None] * powers), moments, series)
+            moments = jnp.sum(jnp.exp(below[:, :, None] * powers[None, None, :]), axis=1) + ties  # [n, N]
+            power_sums = jnp.einsum("rqn,rn,kn->rqk", jnp.exp(log_tp[:, :, None] * powers[None, None, :]), moments, series)
             elementary = [jnp.ones((n, n_nodes), jnp.float32)]  # e_k of the x_j (Newton's identities)
             for j in range(1, n_slots):
                 elementary.append(sum((1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r]
@@ -446,7 +492,7 @@ def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
     table, _ = jax.lax.scan(add_items, jnp.stack(table), scale.T)
     table = jax.lax.optimization_barrier(jnp.where(kept[None], table, 0.0))
 
-    rate = jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node  # [n, L, Q]
+    rate = jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node[None, None, :]  # [n, L, Q]
     stay, done = jax.lax.optimization_barrier((jnp.exp(-rate), -jnp.expm1(-rate)))
     prefix = [list(table)]  # prefix[l]: the table times the ranked items before slot l
     for j in range(n_slots - 1):
@@ -455,7 +501,7 @@ def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
     for j in range(n_slots - 1, 0, -1):
         grown = suffix[-1] + [jnp.zeros((n, n_nodes), jnp.float32)]
         suffix.append(_mul_linear(grown, stay[:, j], done[:, j])[:n_slots])
-    log_v = (r_logit - 18.0 - s_hi)[:, :, None] + node  # each ranked item's own log v
+    log_v = (r_logit - 18.0 - s_hi)[:, :, None] + node[None, None, :]  # each ranked item's own log v
     weight = _SHARED_STEP * jnp.exp(log_v - jnp.exp(log_v))
     out = []
     for l in range(n_slots):
@@ -463,6 +509,101 @@ def _shared_grid_slot_marginals(logits, valid, rankings, outside, top, n_nodes):
         coefficient = sum(prefix[l][i] * after[l - i] for i in range(l + 1) if l - i < len(after))
         out.append(jnp.sum(weight[:, l] * coefficient, axis=-1))
     return jnp.where(r_valid, jnp.clip(jnp.stack(out, axis=-1), 0.0, 1.0), 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+def sampled_slot_marginals(
+    key: jax.Array,
+    logits: jax.Array,
+    rankings: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
+    """Rao-Blackwellised estimate of ``P(a_l = rankings[.., l])``, unbiased in value and gradient.
+
+    ``P_hat_l = (1/N) sum_n pi(a_l | y^(n)_{1:l-1})`` over ``N`` sampled rankings ``y^(n)``
+    (docs/maths.md §1.9): exact at ``l = 1``, ``O(N (D + L^2))`` per row. Its value is the
+    estimate; its gradient is the unbiased ``(1/N) sum_n [grad pi(a_l | y^(n)) + (pi(a_l |
+    y^(n)) - b_n) grad log pi(y^(n)_{1:l-1})]`` (the samples depend on the logits too, so the
+    pathwise part alone would be biased), with leave-one-out baselines ``b_n`` over the
+    samples (``baseline=True``, ``N >= 2``). Linear estimators of the marginal (IIPS)
+    stay unbiased in value and gradient with it in place of the exact marginal.
+
+    Args:
+      key: PRNG key.
+      logits: ``[.., D]`` scores.
+      rankings: int ``[.., L]``.
+      n_samples: ``N``.
+      where: optional bool ``[.., D]`` mask.
+      baseline: leave-one-out baselines in the score term.
+
+    Returns:
+      float32 ``[.., L]`` (a "magic box": see above).
+    """
+    if n_samples < (2 if baseline else 1):
+        raise ValueError(f"n_samples must be >= {2 if baseline else 1}, got {n_samples}")
+    sg = jax.lax.stop_gradient
+    logits = logits.astype(jnp.float32)
+    rankings = rankings.astype(jnp.int32)
+    n_slots = rankings.shape[-1]
+    valid = valid_items(logits, where)
+    samples = sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)  # [N, .., L]
+    shape = (n_samples,) + logits.shape
+    many = jnp.broadcast_to(logits, shape)
+    many_where = None if where is None else jnp.broadcast_to(where, shape)
+    slot_lp = slot_log_probs(many, samples, where=many_where)  # [N, .., L] log pi(y_l | y_{1:l-1})
+    sampled_valid = jnp.take_along_axis(jnp.broadcast_to(valid, shape), samples, axis=-1)
+    sampled_logit = jnp.where(sampled_valid, jnp.take_along_axis(many, samples, axis=-1), 0.0)
+    ranked_valid = jnp.take_along_axis(valid, rankings, axis=-1)
+    ranked_logit = jnp.where(ranked_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)
+    # log pi(a_l | y_{1:l-1}) = (s_{a_l} - s_{y_l}) + log pi(y_l | y_{1:l-1}): logit differences
+    # and the precise slot factor (as placement_log_probs), -inf where a_l is already placed.
+    earlier = jnp.tril(jnp.ones((n_slots, n_slots), bool), -1)  # [l, m]: m < l
+    earlier = earlier.reshape((1,) * (samples.ndim - 1) + earlier.shape)
+    placed = jnp.any((samples[..., None, :] == rankings[None, ..., :, None]) & earlier, axis=-1)  # [N, .., L]
+    available = ranked_valid[None] & sampled_valid & ~placed
+    log_place = jnp.where(available, ranked_logit[None] - sampled_logit + slot_lp, -jnp.inf)
+    place = jnp.exp(jnp.minimum(log_place, 0.0))  # [N, .., L]
+    before = cumsum_slots(slot_lp) - slot_lp  # log pi(y_{1:l-1})
+    b = (jnp.sum(place, axis=0, keepdims=True) - place) / (n_samples - 1) if baseline else 0.0
+    score = sg(place - b) * (before - sg(before))  # value 0, gradient (place - b) grad log pi(y_{1:l-1})
+    return jnp.mean(place + score, axis=0)
+
+
+# Cost per row of the logged items' own-slot marginals, in multiply-add equivalents of one
+# value-and-gradient pass (a transcendental counted as 8), fitted to the times measured on
+# the 2-core machines (docs/performance.md §11); slot_marginal_method compares them.
+def slot_marginal_cost(n_items: int, n_slots: int, method: str, n_samples: int = 8) -> float:
+    """Estimated value-and-gradient cost per row of ``"exact"`` or ``"sampled"`` marginals."""
+    if method == "sampled":
+        return n_samples * (12.0 * n_items + 6.0 * n_slots * n_slots)
+    if method != "exact":
+        raise ValueError(f"method must be 'exact' or 'sampled', got {method!r}")
+    if n_items <= _UNROLL_MAX_ITEMS:
+        return 3.0 * QUADRATURE_NODES * n_items * n_slots * (n_slots + 1) / 2
+    k = min(_recursed_items(n_slots), n_items)
+    return 3.0 * _SHARED_GRID_NODES[0] * (k * (2 * n_slots + 16) + 3 * n_slots * n_slots) + 60.0 * n_items
+
+
+def slot_marginal_method(n_items: int, n_slots: int, n_samples: int = 8, method: str = "auto", *,
+                         max_exact_cost: float = 1e5, exact_preference: float = 4.0) -> str:
+    """``"exact"`` or ``"sampled"``: what to use for the logged items' own-slot marginals.
+
+    ``"auto"`` keeps the exact quadrature (no sampling noise) while its cost per row
+    (:func:`slot_marginal_cost`) is below ``max_exact_cost`` -- every ``D <= 10`` with
+    ``L <= 10``, the paper's grids -- or below ``exact_preference`` times the ``n_samples``
+    Rao-Blackwellised estimate's, and samples otherwise (``D >= 16`` at ``L = 10``,
+    ``D >= 40`` at ``L = 5``). ``"exact"`` and ``"sampled"`` are returned as they are.
+    """
+    if method in ("exact", "sampled"):
+        return method
+    if method != "auto":
+        raise ValueError(f"method must be 'auto', 'exact' or 'sampled', got {method!r}")
+    exact = slot_marginal_cost(n_items, n_slots, "exact")
+    sampled = slot_marginal_cost(n_items, n_slots, "sampled", n_samples)
+    return "exact" if exact <= max(max_exact_cost, exact_preference * sampled) else "sampled"
 
 
 @functools.partial(jax.jit, static_argnames=("n_slots",))

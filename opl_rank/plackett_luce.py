@@ -84,6 +84,22 @@ def _safe_logaddexp(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.where(pos, jnp.log(jnp.where(pos, s, 1.0)) + m_safe, _NEG_INF)
 
 
+# Up to this many slots a cumulative sum is an unrolled chain of adds (the same sums in the
+# same order as jnp.cumsum, bit for bit): XLA's CPU cumsum is a reduce-window, ~10x slower
+# on the short slot axis (docs/performance.md §5, §11).
+_UNROLLED_CUMSUM_MAX = 32
+
+
+def cumsum_slots(x: jax.Array) -> jax.Array:
+    """``jnp.cumsum(x, axis=-1)`` for a short last (slot) axis."""
+    if x.shape[-1] > _UNROLLED_CUMSUM_MAX or x.shape[-1] == 0:
+        return jnp.cumsum(x, axis=-1)
+    out = [x[..., 0]]
+    for l in range(1, x.shape[-1]):
+        out.append(out[-1] + x[..., l])
+    return jnp.stack(out, axis=-1)
+
+
 def one_hot_rankings(rankings: jax.Array, n_items: int) -> jax.Array:
     """Bool ``[.., L, D]``: ``out[.., l, d] = rankings[.., l] == d``."""
     items = jnp.arange(n_items, dtype=rankings.dtype).reshape((1,) * rankings.ndim + (n_items,))
@@ -198,7 +214,7 @@ def slot_log_probs(
     # An invalid item is padding (probability 1) only once every valid item is placed;
     # ranked while a valid one is still available it is impossible (probability 0).
     placed = slot_valid.astype(jnp.int32)
-    padding = jnp.cumsum(placed, axis=-1) - placed >= jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
+    padding = cumsum_slots(placed) - placed >= jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
     invalid = jnp.where(padding, 0.0, _NEG_INF)
     return jnp.where(slot_valid, jnp.minimum(-jnp.where(slot_valid, log_z_minus_s, 0.0), 0.0), invalid)
 
@@ -223,7 +239,7 @@ def prefix_log_probs(
       >>> [round(float(v), 4) for v in jnp.exp(lp)]   # 1/3, then 1/3 * 1/2
       [0.3333, 0.1667]
     """
-    return jnp.cumsum(slot_log_probs(logits, rankings, where=where), axis=-1)
+    return cumsum_slots(slot_log_probs(logits, rankings, where=where))
 
 
 @jax.jit
@@ -248,8 +264,12 @@ def placement_log_probs(
     rankings = rankings.astype(jnp.int32)
     valid = valid_items(logits, where)
     one_hot = one_hot_rankings(rankings, logits.shape[-1])
-    # placed_before[.., l, d]: d is among a_{1:l-1} (exclusive cumulative "or" over slots).
-    placed_before = (jnp.cumsum(one_hot, axis=-2, dtype=jnp.int32) - one_hot.astype(jnp.int32)) > 0
+    # placed_before[.., l, d]: d is among a_{1:l-1}, i.e. its first slot is before l (a
+    # min over slots: a cumulative sum becomes a slow reduce-window on CPU).
+    n_slots = rankings.shape[-1]
+    slots = jnp.arange(n_slots, dtype=jnp.int32).reshape((1,) * (rankings.ndim - 1) + (n_slots, 1))
+    first_slot = jnp.min(jnp.where(one_hot, slots, n_slots), axis=-2)  # [.., D]; L: never placed
+    placed_before = first_slot[..., None, :] < slots
     available = jnp.logical_and(valid[..., None, :], ~placed_before)  # [.., L, D]
     slot_valid = jnp.take_along_axis(valid, rankings, axis=-1)
     ranked = jnp.where(slot_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)

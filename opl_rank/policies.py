@@ -65,11 +65,17 @@ class PLPolicy:
       module: the flax scorer.
       params: its parameters.
       n_slots: rankings' length (``k`` for an R-POD first stage).
+      slot_marginal_samples: 0 (default): exact slot marginals; ``N >= 2``: their
+        Rao-Blackwellised estimate from ``N`` sampled rankings, unbiased in value and
+        gradient (:func:`~opl_rank.marginals.sampled_slot_marginals`; ``propensities``
+        then needs a key). The learners choose by cost
+        (:func:`~opl_rank.marginals.slot_marginal_method`).
     """
 
     module: Any
     params: Any
     n_slots: int
+    slot_marginal_samples: int = 0
     deterministic = False
 
     def logits(self, context: jax.Array) -> jax.Array:
@@ -86,14 +92,20 @@ class PLPolicy:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
 
         ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
-        marginals (:func:`~opl_rank.marginals.exact_slot_marginals`). Both are
-        differentiable in ``params``; ``data.item_mask`` excludes candidates.
+        marginals (:func:`~opl_rank.marginals.exact_slot_marginals`), or with
+        ``slot_marginal_samples`` their unbiased estimate from sampled rankings drawn with
+        ``key``. Both are differentiable in ``params``; ``data.item_mask`` excludes candidates.
         """
         logits = self.logits(data.context)
         ranking = data.ranking[..., : self.n_slots]
         log_prefix = pl.prefix_log_probs(logits, ranking, where=data.item_mask)
         log_slot = None
-        if slot_marginals:
+        if slot_marginals and self.slot_marginal_samples:
+            if key is None:
+                raise ValueError("sampled slot marginals (slot_marginal_samples > 0) need a PRNG key")
+            log_slot = _log_marginal(marginals.sampled_slot_marginals(
+                key, logits, ranking, self.slot_marginal_samples, where=data.item_mask))
+        elif slot_marginals:
             log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
         return Propensities(log_prefix, log_slot)
 

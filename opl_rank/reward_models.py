@@ -155,11 +155,19 @@ class RewardModel:
         g = self.item_values(context)
         if where is not None:  # excluded candidates lose to every real one
             g = jnp.where(where, g, _EXCLUDED_VALUE)
-        g = jnp.broadcast_to(g, prefixes.shape[:-1] + (n_items,))
         if base_kind(self.kind) == "additive":
-            taken = one_hot_sum(prefixes, n_items) > 0
-            tail = jax.lax.top_k(jnp.where(taken, -jnp.inf, g), rest)[1].astype(prefixes.dtype)
+            # The best tail is the first L - k items of g's top L that the prefix does not
+            # hold: one top-L per row, shared by every prefix, instead of a top-k over D per
+            # prefix (the same items in the same order).
+            order = jax.lax.top_k(g, min(self.n_slots, n_items))[1].astype(prefixes.dtype)  # [n, L]
+            order = jnp.broadcast_to(order, prefixes.shape[:-1] + order.shape[-1:])
+            free = ~jnp.any(order[..., :, None] == prefixes[..., None, :], axis=-1)  # [.., n, L]
+            position = jnp.cumsum(free.astype(jnp.int32), axis=-1) - 1  # rank among the free ones
+            picks = free[..., :, None] & (position[..., :, None] == jnp.arange(rest, dtype=jnp.int32).reshape(
+                (1,) * (prefixes.ndim - 1) + (1, rest)))  # [.., n, L, rest]
+            tail = jnp.sum(jnp.where(picks, order[..., :, None], 0), axis=-2).astype(prefixes.dtype)
             return jnp.concatenate([prefixes, tail], axis=-1)
+        g = jnp.broadcast_to(g, prefixes.shape[:-1] + (n_items,))
         interaction = self.params["params"]["interaction"]
         return completion.complete(
             g, interaction, self.position_weight, prefixes, max_enumerated=self.max_enumerated, beam_width=self.beam_width

@@ -60,15 +60,18 @@ class InteractionRewards:
 
     def best_rankings(
         self, context: jax.Array, position_weight: jax.Array, *, n_items: int | None = None,
-        max_enumerated: int = 2_000_000, beam_width: int = 64,
+        max_enumerated: int = 2_000_000, beam_width: int = 64, interaction_t: jax.Array | None = None,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
 
         Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: the interaction part of
         every ranking's value is context-free, so values are one matrix product plus a
-        constant per ranking. Beyond that, a beam search on the true q
-        (:func:`opl_rank.completion.complete_beam`; a lower bound on V*, reported as
-        ``"beam"``).
+        constant per ranking. Beyond that, without interactions (``lambda = 0`` or ``W = 0``)
+        exact by sorting: the L largest base rewards, the largest on the largest
+        position weight (``"exact-sort"``, ``O(D)`` per context). Otherwise a beam search
+        of width ``beam_width`` on the true q over all D items
+        (:func:`opl_rank.completion.best_rankings_beam`, ``O(B D L)`` per context; a lower
+        bound on V*, reported as ``"beam"``).
 
         Args:
           context: ``[n, dx]``.
@@ -76,9 +79,11 @@ class InteractionRewards:
           n_items: unused (``D`` is the base reward's width).
           max_enumerated: the switch-over.
           beam_width: partial rankings kept by the beam search.
+          interaction_t: ``W^T`` when already at hand (repeated calls at large D: the beam
+            search gathers rows of W and of W^T).
 
         Returns:
-          ``(rankings [n, L] int32, "exact" or "beam")``.
+          ``(rankings [n, L] int32, "exact", "exact-sort" or "beam")``.
         """
         alpha = position_weight
         base = self.item_base(context)  # [n, D]
@@ -91,8 +96,13 @@ class InteractionRewards:
             rows = max(1, min(context.shape[0], 2**24 // n_rank))
             best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
             return perms[best], "exact"
-        empty = jnp.zeros((context.shape[0], 0), jnp.int32)
-        return completion.complete(base, self.lam * self.interaction, alpha, empty, max_enumerated=0, beam_width=beam_width)
+        if not _has_interactions(self.lam, self.interaction):
+            # Rearrangement: the largest base rewards on the largest weights.
+            top = jax.lax.top_k(base, n_slots)[1].astype(jnp.int32)  # [n, L], largest first
+            slot_rank = jnp.argsort(jnp.argsort(-alpha, stable=True), stable=True)  # slot l gets the slot_rank[l]-th largest
+            return top[:, slot_rank], "exact-sort"
+        return completion.best_rankings_beam(base, self.interaction, alpha, beam_width=beam_width, scale=self.lam,
+                                             v_t=interaction_t), "beam"
 
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Realised ``r_l``: ``[n, dx], [n, L] -> [n, L]``; fresh X_l and noise per call."""
@@ -125,6 +135,15 @@ class SyntheticRewardModel(InteractionRewards, struct.PyTreeNode):
     def item_base(self, context: jax.Array) -> jax.Array:
         """``theta_a^T x + b_a``: ``[n, dx] -> [n, D]``."""
         return context @ self.theta.T + self.bias[None, :]
+
+
+def _has_interactions(lam: jax.Array, interaction: jax.Array) -> bool:
+    """Whether ``lambda W`` has a non-zero entry (True when not concrete; the diagonal is zero
+    by construction and never counts)."""
+    try:
+        return float(lam) != 0.0 and bool(jnp.any(interaction != 0))
+    except jax.errors.ConcretizationTypeError:
+        return True
 
 
 def symmetric_interaction(key: jax.Array, n_items: int, scale: float) -> jax.Array:
@@ -242,7 +261,7 @@ class SyntheticRankingEnv:
         return self.logging_policy(context, self.item_features)
 
     def sample_logged_data(
-        self, key: jax.Array, n: int, *, position_marginals: str = "none"
+        self, key: jax.Array, n: int, *, position_marginals: str = "none", progress: bool | None = None
     ) -> LoggedData:
         """Log ``n`` rounds of the logging policy.
 
@@ -251,6 +270,8 @@ class SyntheticRankingEnv:
           n: rows.
           position_marginals: ``"exact"`` also stores ``log P_0(a_l = a_il | x)`` (for IIPS),
             computed exactly by the exponential-race quadrature; ``"none"`` skips it.
+          progress: a progress bar on stderr: True, False, or None (only once the run has
+            taken a few seconds; :data:`simulators.rollout.PROGRESS_DELAY_S`).
 
         Returns:
           Validated :class:`~opl_rank.data.LoggedData`.
@@ -264,6 +285,7 @@ class SyntheticRankingEnv:
             n_items=self.n_items,
             n_slots=self.ranking_length,
             position_marginals=position_marginals,
+            progress=progress,
         )
         return LoggedData(
             position_weight=self.position_weight,
@@ -277,13 +299,15 @@ class SyntheticRankingEnv:
         """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
         return self.reward_model.expected_reward(context, rankings)
 
-    def policy_value(self, policy: Any, key: jax.Array, n_contexts: int = 100_000) -> PolicyValue:
+    def policy_value(self, policy: Any, key: jax.Array, n_contexts: int = 100_000, *, progress: bool | None = False) -> PolicyValue:
         """Ground-truth ``V(pi)`` by Monte Carlo over fresh contexts (exact q, no noise).
 
         Args:
           policy: ``(key, context [n, dx]) -> rankings [n, L]`` or an object with ``sample``.
           key: PRNG key.
           n_contexts: contexts drawn.
+          progress: a progress bar (see :meth:`sample_logged_data`; off by default here, as
+            sweeps show their own).
         """
         return evaluate_policy(
             policy,
@@ -293,6 +317,7 @@ class SyntheticRankingEnv:
             reward_model=self.reward_model,
             position_weight=self.position_weight,
             n_items=self.n_items,
+            progress=progress,
         )
 
     def logging_policy_sampler(self) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -303,13 +328,14 @@ class SyntheticRankingEnv:
 
         return sample
 
-    def logging_policy_value(self, key: jax.Array, n_contexts: int = 100_000) -> PolicyValue:
+    def logging_policy_value(self, key: jax.Array, n_contexts: int = 100_000, *, progress: bool | None = False) -> PolicyValue:
         """Ground-truth ``V(pi_0)`` of the logging policy."""
-        return self.policy_value(self.logging_policy_sampler(), key, n_contexts)
+        return self.policy_value(self.logging_policy_sampler(), key, n_contexts, progress=progress)
 
 
     def best_rankings(
-        self, context: jax.Array, *, max_enumerated: int = 2_000_000, beam_width: int = 64
+        self, context: jax.Array, *, max_enumerated: int = 2_000_000, beam_width: int = 64,
+        interaction_t: jax.Array | None = None,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context: the reward model's
         ``best_rankings`` (see :meth:`InteractionRewards.best_rankings`).
@@ -318,19 +344,29 @@ class SyntheticRankingEnv:
           ``(rankings [n, L] int32, how they were found)``.
         """
         return self.reward_model.best_rankings(
-            context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width
+            context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width,
+            **({} if interaction_t is None else {"interaction_t": interaction_t}),
         )
 
-    def optimal_value(self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000) -> tuple[PolicyValue, str]:
-        """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`)."""
+    def optimal_value(
+        self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000, beam_width: int = 64,
+        progress: bool | None = False,
+    ) -> tuple[PolicyValue, str]:
+        """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`; W^T is formed
+        once for all the chunks of contexts)."""
         methods = set()
+        extra = {}
+        if isinstance(self.reward_model, InteractionRewards) and math.perm(self.n_items, self.ranking_length) > max_enumerated:
+            extra["interaction_t"] = jnp.transpose(self.reward_model.interaction) + 0.0  # other reward models: as they are
 
         def best(key, context):
-            rankings, method = self.best_rankings(context, max_enumerated=max_enumerated)
+            rankings, method = self.reward_model.best_rankings(
+                context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width,
+                **extra)
             methods.add(method)
             return rankings
 
-        value = self.policy_value(best, key, n_contexts)
+        value = self.policy_value(best, key, n_contexts, progress=progress)
         return value, methods.pop()
 
 

@@ -167,3 +167,24 @@ def test_fits_vmapped_over_seeds_need_equal_shapes(setting):
         fit_seeds([data, data.take(np.arange(1000))], jnp.stack([make_key(1), make_key(2)]), _config("ips"))
     with pytest.raises(ValueError, match="keys must have shape"):
         fit_seeds([data, data], jnp.stack([make_key(1)]), _config("ips"))
+
+
+def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
+    """Exact quadrature at small D, the unbiased sampled estimate at large D (or when asked);
+    the fitted policy's own propensities stay exact."""
+    from opl_rank.learners import _plan
+
+    small = SyntheticRankingEnv.create(make_key(70), n_items=6, ranking_length=3).sample_logged_data(
+        make_key(71), 200, position_marginals="exact")
+    assert _plan(small, _config("iips")).slot_marginal_samples == 0
+    assert _plan(small, _config("iips", slot_marginals="sampled")).slot_marginal_samples == 8
+    env = SyntheticRankingEnv.create(make_key(72), n_items=60, ranking_length=5)
+    data = env.sample_logged_data(make_key(73), 2000, position_marginals="exact")
+    assert _plan(data, _config("iips")).slot_marginal_samples == 8
+    assert _plan(data, _config("ips")).slot_marginal_samples == 0
+    policy = fit(data, make_key(74), _config("iips"))
+    assert isinstance(policy, PLPolicy) and policy.slot_marginal_samples == 0
+    v, v0 = env.policy_value(policy, make_key(75), 5000).value, env.logging_policy_value(make_key(75), 5000).value
+    assert v > v0
+    with pytest.raises(ValueError, match="slot_marginals"):
+        LearnerConfig(method="iips", slot_marginals="magic")

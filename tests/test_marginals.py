@@ -117,3 +117,96 @@ def test_ranked_item_marginals_are_the_rows_of_the_full_table(key):
     full = marginals.exact_position_marginals(logits, 4)  # [3, L, D]
     want = jnp.take_along_axis(jnp.swapaxes(full, -1, -2), items[..., None], axis=-2)
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def _race_marginal_float64(logits, item, slot, n_slots):
+    """Oracle for one item's slot marginal: the race integral by a 3000-node float64 rule."""
+    s = np.asarray(logits, np.float64)
+    others = np.array([j for j in range(s.size) if j != item and np.isfinite(s[j])])
+    log_v = np.linspace(-45.0, 5.0, 3000)
+    v = np.exp(log_v)
+    rate = np.exp(s[others] - s[item])[:, None] * v[None, :]
+    stay, done = np.exp(-rate), -np.expm1(-rate)
+    pmf = np.zeros((n_slots, v.size))
+    pmf[0] = 1.0
+    for j in range(others.size):
+        pmf[1:] = pmf[1:] * stay[j] + pmf[:-1] * done[j]
+        pmf[0] *= stay[j]
+    return float(np.sum((log_v[1] - log_v[0]) * v * np.exp(-v) * pmf[slot]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_items,n_slots,scale", [(40, 6, 1.0), (120, 10, 1.0), (70, 5, 10.0)])
+def test_shared_grid_slot_marginals_equal_a_float64_oracle(key, n_items, n_slots, scale):
+    """Above 32 items the logged items share one quadrature grid (the items outside the
+    ranking: recursion for the largest, moments beyond); at scale 10 the logits spread too
+    far for the first grid and the wider one (or the per-item rule) takes over."""
+    logits = _logits(key, (3, n_items), scale)
+    where = jnp.ones((3, n_items), bool).at[1, :5].set(False)
+    rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, n_slots, where=where)
+    got = np.asarray(marginals.exact_slot_marginals(logits, rankings, where=where))
+    masked = np.where(np.asarray(where), np.asarray(logits), -np.inf)
+    want = np.array([[_race_marginal_float64(masked[i], int(rankings[i, l]), l, n_slots) for l in range(n_slots)]
+                     for i in range(3)])
+    np.testing.assert_allclose(got, want, rtol=5e-5, atol=2e-7)
+    # The same function as the per-item rule (up to that rule's coarser step), gradients too.
+    valid = jnp.asarray(where)
+    per_item = marginals._per_item_slot_marginals(logits, valid, rankings)
+    np.testing.assert_allclose(got, np.asarray(per_item), rtol=2e-3, atol=1e-5)
+    cot = jax.random.normal(jax.random.fold_in(key, 2), rankings.shape)
+    g_new = jax.grad(lambda s: jnp.sum(cot * marginals.exact_slot_marginals(s, rankings, where=where)))(logits)
+    g_old = jax.grad(lambda s: jnp.sum(cot * marginals._per_item_slot_marginals(s, valid, rankings)))(logits)
+    np.testing.assert_allclose(np.asarray(g_new), np.asarray(g_old), atol=2e-3 * float(jnp.abs(g_old).max()))
+
+
+def test_shared_grid_falls_back_for_repeated_items_and_wide_spreads(key):
+    logits = _logits(key, (2, 50), 1.0)
+    rankings = jnp.array([[3, 7, 3, 9], [1, 2, 4, 8]])  # row 0 repeats an item: per-item rule
+    valid = jnp.ones((2, 50), bool)
+    outside = marginals._outside_ranking(logits, valid, rankings)
+    top = marginals._top_outside(outside, 4)
+    assert int(marginals._shared_grid_tier(logits, valid, rankings, top)) == len(marginals._SHARED_GRID_NODES)
+    np.testing.assert_allclose(np.asarray(marginals.exact_slot_marginals(logits, rankings)),
+                               np.asarray(marginals._per_item_slot_marginals(logits, valid, rankings)), atol=1e-7)
+    wide = logits.at[0, 7].add(30.0)  # one logged item far above the rest: the 256-node grid
+    rankings = rankings.at[0, 2].set(11)
+    top = marginals._top_outside(marginals._outside_ranking(wide, valid, rankings), 4)
+    assert int(marginals._shared_grid_tier(wide, valid, rankings, top)) == 1
+    assert bool(jnp.all(jnp.isfinite(marginals.exact_slot_marginals(wide, rankings))))
+
+
+@pytest.mark.slow
+def test_sampled_slot_marginals_unbiased_in_value_and_gradient(key):
+    """The Rao-Blackwellised estimate of the logged items' own-slot marginals that the
+    learners use at large D: its mean over many draws equals the enumerated marginal, and
+    the mean of its gradient the exact gradient, within 4 standard errors (and slot 1 is
+    exact)."""
+    n_items, n_slots, n_draws = 5, 3, 6000
+    logits = _logits(key, (4, n_items), 1.2)
+    where = jnp.ones((4, n_items), bool).at[1, 4].set(False)
+    rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, n_slots, where=where)
+    enumerated = pl.enumerate_position_marginals(logits, n_slots, where=where)  # [4, L, D]
+    want = np.asarray(jnp.take_along_axis(enumerated, rankings[:, :, None], axis=-1)[..., 0], np.float64)
+    cot = jax.random.normal(jax.random.fold_in(key, 2), rankings.shape)
+    exact_grad = np.asarray(jax.grad(lambda s: jnp.sum(cot * marginals.exact_slot_marginals(s, rankings, where=where)))(logits))
+
+    def draw(k):
+        value_of = lambda s: marginals.sampled_slot_marginals(k, s, rankings, 4, where=where)
+        return value_of(logits), jax.grad(lambda s: jnp.sum(cot * value_of(s)))(logits)
+
+    values, grads = jax.jit(jax.vmap(draw))(jax.random.split(jax.random.fold_in(key, 3), n_draws))
+    values, grads = np.asarray(values, np.float64), np.asarray(grads, np.float64)
+    np.testing.assert_allclose(values[:, :, 0], np.broadcast_to(want[:, 0], values[:, :, 0].shape), atol=1e-6)
+    for got, exact in ((values, want), (grads, exact_grad)):
+        se = got.std(0, ddof=1) / np.sqrt(n_draws)
+        assert np.all(np.abs(got.mean(0) - exact) <= 4.0 * se + 2e-6), np.abs(got.mean(0) - exact) / (se + 1e-12)
+
+
+def test_slot_marginal_method_is_chosen_by_cost():
+    assert marginals.slot_marginal_method(5, 3) == "exact"  # the paper's grids: exact
+    assert marginals.slot_marginal_method(10, 5) == "exact"
+    assert marginals.slot_marginal_method(100, 10) == "sampled"
+    assert marginals.slot_marginal_method(100, 10, method="exact") == "exact"
+    assert marginals.slot_marginal_cost(100, 10, "exact") > marginals.slot_marginal_cost(100, 10, "sampled")
+    with pytest.raises(ValueError, match="method"):
+        marginals.slot_marginal_method(5, 3, method="magic")

@@ -216,3 +216,38 @@ def test_best_rankings_are_the_argmax_of_the_true_expected_reward():
     greedy, _ = env.best_rankings(x, max_enumerated=0, beam_width=1)
     assert np.all(value_of(greedy) <= best_value + 1e-4)
     assert np.mean(value_of(greedy) < best_value - 1e-4) > 0.01  # greedy alone is not exact here
+
+
+def test_scaled_beam_search_is_the_beam_search_and_sorting_is_exact_without_interactions():
+    """V* beyond enumeration: the O(B D L) beam search finds the rankings of the
+    O(B D^2 L) one; with lambda = 0 the best ranking is the top-L base rewards, sorted."""
+    from opl_rank import completion
+
+    env = SyntheticRankingEnv.create(make_key(50), n_items=30, ranking_length=4, lam=0.7)
+    x = env.sample_contexts(make_key(51), 64)
+    base = env.reward_model.item_base(x)
+    v = env.reward_model.lam * env.reward_model.interaction
+    old = completion.complete(base, v, env.position_weight, jnp.zeros((64, 0), jnp.int32), max_enumerated=0, beam_width=8)[0]
+    new, method = env.best_rankings(x, max_enumerated=0, beam_width=8)
+    assert method == "beam"
+    value_of = lambda r: np.asarray(env.expected_reward(x, r) @ env.position_weight)
+    np.testing.assert_allclose(value_of(new), value_of(old), rtol=1e-6, atol=1e-5)
+    small = SyntheticRankingEnv.create(make_key(52), n_items=6, ranking_length=3, lam=0.0)
+    xs = small.sample_contexts(make_key(53), 50)
+    exact, method = small.best_rankings(xs)
+    assert method == "exact"
+    by_sort, method = small.best_rankings(xs, max_enumerated=0)
+    assert method == "exact-sort"
+    value_small = lambda r: np.asarray(small.expected_reward(xs, r) @ small.position_weight)
+    np.testing.assert_allclose(value_small(by_sort), value_small(exact), atol=1e-5)
+
+
+def test_progress_bar_only_when_asked_or_long(capsys):
+    env = SyntheticRankingEnv.create(make_key(60), n_items=5, ranking_length=3)
+    quiet = env.sample_logged_data(make_key(61), 300, progress=False)
+    assert capsys.readouterr().err == ""
+    loud = env.sample_logged_data(make_key(61), 300, progress=True)
+    assert "simulate" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.asarray(quiet.ranking), np.asarray(loud.ranking))  # results do not depend on it
+    env.policy_value(env.logging_policy_sampler(), make_key(62), 500, progress=True)
+    assert "evaluate" in capsys.readouterr().err
