@@ -255,15 +255,6 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--out {args.out}: folder {os.path.dirname(args.out) or folder} does not exist (create it first)")
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    import inspect
-
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _simulate(args: argparse.Namespace) -> dict[str, Any]:
     import opl_rank
     from experiments.progress import Steps, bar
@@ -292,13 +283,15 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
             logging_temperature=args.tau,
             logging_policy=logging_policy,
         )
-        # the simulator's own bar over chunks of rows, where it has one (progress=)
+        # a second bar over the rows, fed by the simulator after each chunk
         step(f"logging {args.n} rounds")
-        options = {"progress": not args.quiet} if _accepts(env.sample_logged_data, "progress") else {}
-        data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals, **options)
+        with bar(args.n, desc="rows", unit="row", enabled=not args.quiet) as rows:
+            data = env.sample_logged_data(
+                key_data, args.n, position_marginals=args.position_marginals, progress=rows.update
+            )
         step(f"logging policy value ({args.value_contexts} contexts)")
-        options = {"progress": not args.quiet} if _accepts(env.logging_policy_value, "progress") else {}
-        value = env.logging_policy_value(key_value, args.value_contexts, **options)
+        with bar(args.value_contexts, desc="contexts", unit="context", enabled=not args.quiet) as contexts:
+            value = env.logging_policy_value(key_value, args.value_contexts, progress=contexts.update)
         summary = {"simulator": "synthetic", "lambda": args.lam, "tau": args.tau, "seed": args.seed}
         summary.update(data.summary())
         summary["logging_policy_value"] = value.value

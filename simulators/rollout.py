@@ -28,8 +28,6 @@ __all__ = [
 ]
 
 POSITION_MARGINAL_MODES = ("none", "exact")
-# With ``progress=None`` a bar appears only once a run has taken this many seconds.
-PROGRESS_DELAY_S = 5.0
 # Smallest probability stored for a logged position marginal: the quadrature's absolute
 # error is ~1e-7, so a logged item's marginal is never rounded to an impossible 0.
 _MIN_MARGINAL = 1e-30
@@ -73,44 +71,6 @@ def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_margi
     return ranking, reward, log_prefix, log_marginal
 
 
-class _Progress:
-    """A progress bar over rows (tqdm when installed -- it is optional, not a dependency --
-    else a line on stderr per tenth). ``enabled``: True always, None after
-    ``PROGRESS_DELAY_S`` seconds (long runs only), False never."""
-
-    def __init__(self, total: int, desc: str, enabled: bool | None):
-        import time
-
-        self._bar, self._start, self._done, self._total, self._desc = None, time.perf_counter(), 0, total, desc
-        self._enabled, self._shown = enabled, 0
-        if enabled is False:
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            return
-        self._bar = tqdm(total=total, desc=desc, unit="rows", unit_scale=True, leave=False,
-                         delay=0.0 if enabled else PROGRESS_DELAY_S, mininterval=0.5)
-
-    def update(self, rows: int) -> None:
-        import sys
-        import time
-
-        self._done += rows
-        if self._bar is not None:
-            self._bar.update(rows)
-            return
-        elapsed = time.perf_counter() - self._start
-        tenth = 10 * self._done // self._total
-        if self._enabled is not False and tenth > self._shown and (self._enabled or elapsed >= PROGRESS_DELAY_S):
-            self._shown = tenth
-            print(f"{self._desc}: {self._done}/{self._total} rows, {elapsed:.0f} s", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
     pad = rows - x.shape[0]
     return x if pad == 0 else jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)], axis=0)
@@ -126,7 +86,7 @@ def rollout_logging_policy(
     n_items: int,
     n_slots: int,
     position_marginals: str = "none",
-    progress: bool | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Sample ``n`` logged rounds in chunks.
 
@@ -140,8 +100,8 @@ def rollout_logging_policy(
       n_slots: ``L``.
       position_marginals: ``"none"`` or ``"exact"`` (logged ``log P_0(a_l = a_il)`` by
         the exponential-race quadrature, for IIPS).
-      progress: a progress bar on stderr: True, False, or None (shown once the run has
-        taken ``PROGRESS_DELAY_S`` seconds).
+      progress: called with the number of rows done after each chunk, e.g. a bar's
+        ``update`` (``tqdm(total=n).update``); the simulator draws nothing itself.
 
     Returns:
       dict of NumPy arrays: ``context [n, dx]``, ``ranking [n, L]``, ``reward [n, L]``,
@@ -162,7 +122,6 @@ def rollout_logging_policy(
     parts: dict[str, list[np.ndarray]] = {
         k: [] for k in ("context", "ranking", "reward", "log_pi0_prefix", "log_pi0_position_marginal")
     }
-    bar = _Progress(int(n), "simulate", progress)
     for c in range(n_chunks):
         k_ctx, k_chunk = jax.random.split(keys[c])
         m = min(rows, int(n) - c * rows)
@@ -184,8 +143,8 @@ def rollout_logging_policy(
             ("log_pi0_position_marginal", log_marginal),
         ):
             parts[name].append(np.asarray(value[:m]))
-        bar.update(m)
-    bar.close()
+        if progress is not None:
+            progress(m)
     out = {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}
     if position_marginals == "none":
         del out["log_pi0_position_marginal"]
@@ -206,7 +165,7 @@ def evaluate_policy(
     reward_model: Any,
     position_weight: jax.Array,
     n_items: int,
-    progress: bool | None = False,
+    progress: Callable[[int], None] | None = None,
 ) -> PolicyValue:
     """Ground-truth ``V(pi) = E_x E_{a ~ pi} sum_l alpha_l q_l(x, a)`` by Monte Carlo.
 
@@ -219,7 +178,8 @@ def evaluate_policy(
       reward_model: the environment's :class:`RewardModel`.
       position_weight: ``[L]`` alpha.
       n_items: ``D`` (to size chunks).
-      progress: a progress bar (see :func:`rollout_logging_policy`; off by default here).
+      progress: called with the number of contexts done after each chunk (see
+        :func:`rollout_logging_policy`).
 
     Returns:
       :class:`PolicyValue`.
@@ -233,7 +193,6 @@ def evaluate_policy(
     n_chunks = -(-int(n_contexts) // rows)
     n_slots = position_weight.shape[0]
     values = []
-    bar = _Progress(int(n_contexts), "evaluate", progress)
     for c, k in enumerate(jax.random.split(key, n_chunks)):
         k_ctx, k_pol = jax.random.split(k)
         m = min(rows, int(n_contexts) - c * rows)
@@ -242,8 +201,8 @@ def evaluate_policy(
         _check_rankings(rankings, (rows, n_slots), n_items)
         value = _weighted_expected_reward(reward_model, context, jnp.asarray(rankings), position_weight)
         values.append(np.asarray(value[:m]))
-        bar.update(m)
-    bar.close()
+        if progress is not None:
+            progress(m)
     v = np.concatenate(values).astype(np.float64)
     return PolicyValue(float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size)), int(v.size))
 

@@ -261,7 +261,7 @@ class SyntheticRankingEnv:
         return self.logging_policy(context, self.item_features)
 
     def sample_logged_data(
-        self, key: jax.Array, n: int, *, position_marginals: str = "none", progress: bool | None = None
+        self, key: jax.Array, n: int, *, position_marginals: str = "none", progress: Callable[[int], None] | None = None
     ) -> LoggedData:
         """Log ``n`` rounds of the logging policy.
 
@@ -270,8 +270,7 @@ class SyntheticRankingEnv:
           n: rows.
           position_marginals: ``"exact"`` also stores ``log P_0(a_l = a_il | x)`` (for IIPS),
             computed exactly by the exponential-race quadrature; ``"none"`` skips it.
-          progress: a progress bar on stderr: True, False, or None (only once the run has
-            taken a few seconds; :data:`simulators.rollout.PROGRESS_DELAY_S`).
+          progress: called with the rows done after each chunk (e.g. ``tqdm(total=n).update``).
 
         Returns:
           Validated :class:`~opl_rank.data.LoggedData`.
@@ -299,15 +298,17 @@ class SyntheticRankingEnv:
         """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
         return self.reward_model.expected_reward(context, rankings)
 
-    def policy_value(self, policy: Any, key: jax.Array, n_contexts: int = 100_000, *, progress: bool | None = False) -> PolicyValue:
+    def policy_value(
+        self, policy: Any, key: jax.Array, n_contexts: int = 100_000, *, progress: Callable[[int], None] | None = None
+    ) -> PolicyValue:
         """Ground-truth ``V(pi)`` by Monte Carlo over fresh contexts (exact q, no noise).
 
         Args:
           policy: ``(key, context [n, dx]) -> rankings [n, L]`` or an object with ``sample``.
           key: PRNG key.
           n_contexts: contexts drawn.
-          progress: a progress bar (see :meth:`sample_logged_data`; off by default here, as
-            sweeps show their own).
+          progress: called with the contexts done after each chunk (see
+            :meth:`sample_logged_data`).
         """
         return evaluate_policy(
             policy,
@@ -328,7 +329,9 @@ class SyntheticRankingEnv:
 
         return sample
 
-    def logging_policy_value(self, key: jax.Array, n_contexts: int = 100_000, *, progress: bool | None = False) -> PolicyValue:
+    def logging_policy_value(
+        self, key: jax.Array, n_contexts: int = 100_000, *, progress: Callable[[int], None] | None = None
+    ) -> PolicyValue:
         """Ground-truth ``V(pi_0)`` of the logging policy."""
         return self.policy_value(self.logging_policy_sampler(), key, n_contexts, progress=progress)
 
@@ -350,7 +353,7 @@ class SyntheticRankingEnv:
 
     def optimal_value(
         self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000, beam_width: int = 64,
-        progress: bool | None = False,
+        progress: Callable[[int], None] | None = None,
     ) -> tuple[PolicyValue, str]:
         """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`; W^T is formed
         once for all the chunks of contexts)."""
