@@ -53,17 +53,26 @@ class OPEResult:
     max_weight: float
 
 
+_BATCH_FLOATS = 2**22  # floats of per-sample intermediates held at once by model_values
+
+
 def model_values(
-    policy: Any, reward_model: Any, context: jax.Array, key: jax.Array, *, n_samples: int = 256, where: jax.Array | None = None
+    policy: Any, reward_model: Any, context: jax.Array, key: jax.Array, *, n_samples: int = 256,
+    where: jax.Array | None = None, n_items: int | None = None,
 ) -> jax.Array:
     """``E_{a ~ pi}[f_hat(x, a)]`` per row ``[n]``: exact for deterministic policies, a
     Monte Carlo mean over ``n_samples`` rankings for stochastic ones (of the candidates
-    ``where`` allows)."""
+    ``where`` allows). ``n_items`` (D) only sizes the batches of samples (default 1024)."""
     if policy.deterministic:
         return reward_model.predict(context, policy.sample(None, context, where=where))
     keys = jax.random.split(key, n_samples)
-    rankings = jax.vmap(lambda k: policy.sample(k, context, where=where))(keys)  # [N, n, L]
-    return jnp.mean(reward_model.predict(context, rankings), axis=0)
+    # Samples in batches of about _BATCH_FLOATS sampling intermediates ([b, n, D]) each:
+    # bounded memory at any n, and the same keys (hence values) as one vmap over all of them.
+    per_sample = context.shape[0] * max(1024 if n_items is None else n_items, policy.n_slots)
+    batch = int(max(1, min(n_samples, _BATCH_FLOATS // per_sample)))
+    values = jax.lax.map(lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys,
+                         batch_size=batch)  # [N, n]
+    return jnp.mean(values, axis=0)
 
 
 def _ess(w: jax.Array) -> float:
@@ -145,7 +154,7 @@ def evaluate(
     if reward_model is not None:
         model = ModelTerms(reward_model.predict(data.context, data.ranking),
                            model_values(policy, reward_model, data.context, k_model, n_samples=n_samples,
-                                        where=data.item_mask))
+                                        where=data.item_mask, n_items=data.n_items))
     z = NormalDist().inv_cdf(0.5 + level / 2)
     results = {}
     for i, (name, entry) in enumerate(entries.items()):

@@ -30,6 +30,8 @@ __all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "M
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
 # so a logged item's marginal is never rounded to an impossible 0.
 MIN_MARGINAL = 1e-30
+# Floats of per-prefix intermediates a two-stage policy's slot marginals hold at once.
+_CHUNK_FLOATS = 2**24
 
 
 @runtime_checkable
@@ -187,18 +189,39 @@ class TwoStagePolicy:
             return Propensities(log_prefix)
         logits = self.first_stage.logits(context)
         n_prefixes = math.perm(data.n_items, k)
-        if n_prefixes <= self.max_enumerated:
-            prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(data.n_items, k))[:, None, :], (n_prefixes,) + head.shape)
+        enumerate_prefixes = n_prefixes <= self.max_enumerated
+        if not enumerate_prefixes and key is None:
+            raise ValueError("Monte Carlo slot marginals of a two-stage policy need a PRNG key")
+        # Rows in chunks: the prefixes' completions are [P, rows, L] (P up to max_enumerated
+        # or n_samples) with [P, rows, D] intermediates, ~10 GB at n = 1e4 in one piece.
+        n = ranking.shape[0]
+        per_row = (n_prefixes if enumerate_prefixes else self.n_samples) * (data.n_items + self.n_slots)
+        rows = int(max(1, min(n, _CHUNK_FLOATS // per_row)))
+        starts = range(0, n, rows)
+        keys = [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
+        beyond = jnp.concatenate([
+            self._beyond_k_marginals(
+                context[s : s + rows], ranking[s : s + rows], logits[s : s + rows],
+                None if where is None else where[s : s + rows], chunk_key, n_prefixes if enumerate_prefixes else 0,
+            )
+            for s, chunk_key in zip(starts, keys)
+        ], axis=0)
+        return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))
+
+    def _beyond_k_marginals(self, context, ranking, logits, where, key, n_prefixes):
+        """``P(slot l holds ranking[:, l])`` for ``l >= k``: ``[m, L - k]``, over all
+        ``n_prefixes`` first-stage prefixes (0: a mean over ``n_samples`` sampled ones)."""
+        k = self.k
+        if n_prefixes:
+            n_items = logits.shape[-1]
+            prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(n_items, k))[:, None, :], (n_prefixes, ranking.shape[0], k))
             mask = None if where is None else jnp.broadcast_to(where, (n_prefixes,) + where.shape)
             weight = jnp.exp(pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes, where=mask)[..., -1])
         else:
-            if key is None:
-                raise ValueError("Monte Carlo slot marginals of a two-stage policy need a PRNG key")
-            prefixes = pl.sample_rankings(key, logits, k, where=where, n_samples=self.n_samples)  # [N, n, k]
+            prefixes = pl.sample_rankings(key, logits, k, where=where, n_samples=self.n_samples)  # [N, m, k]
             weight = jnp.full(prefixes.shape[:2], 1.0 / self.n_samples)
-        tails = self.reward_model.complete(context, prefixes, where=where)[..., k:]  # [P, n, L-k]
-        beyond = jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
-        return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))
+        tails = self.reward_model.complete(context, prefixes, where=where)[..., k:]  # [P, m, L-k]
+        return jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
 
 
 def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
