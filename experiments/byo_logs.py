@@ -159,7 +159,9 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
         config = dataclasses.replace(config, k=result.k)
         selection = {"estimator": result.estimator, "table": result.table}
     step(f"fitting {method}" + (f" k={config.k}" if method == "rpod" else ""))
-    policy = fit(logs, key_fit, config)
+    totals = {"reward": config.reward_train.epochs, "policy": config.train.epochs}
+    on_epoch = step.epochs(totals) if hasattr(step, "epochs") else None  # a Steps bar: epochs shown in it
+    policy = fit(logs, key_fit, config, on_epoch=on_epoch)
     metadata = {"data": os.path.abspath(data), "seed": seed, "n": logs.n_rounds, "k_selection": _finite(selection)}
     step(f"saving {out}")
     spec_path = save_policy(policy, out, config=config, metadata=metadata)

@@ -51,7 +51,8 @@ def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder,
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
         with bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar:
             steps = Steps(cell_bar)
-            results = run_group(sweep, group, on_step=steps)
+            epochs = steps.epochs({"reward": sweep.reward_epochs, "policy": sweep.policy_epochs})
+            results = run_group(sweep, group, on_step=steps, on_epoch=epochs)
             steps.done()
         seconds = (time.perf_counter() - start) / len(group)
         for cell, rows in zip(group, results):

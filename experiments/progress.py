@@ -112,14 +112,33 @@ class Steps:
     def __init__(self, progress: tqdm):
         self.bar = progress
         self.started = False
+        self.label = ""
 
     def __call__(self, label: str) -> None:
+        self.label = label
         self.bar.set_postfix_str(label, refresh=False)
         if self.started:
             self.bar.update(1)  # drawn now, unless the bar was drawn a moment ago (tqdm's mininterval)
         else:
             self.bar.refresh()
         self.started = True
+
+    def detail(self, text: str) -> None:
+        """Show ``text`` after the current step's label (drawn at the bar's next redraw)."""
+        self.bar.set_postfix_str(f"{self.label}: {text}", refresh=False)
+
+    def epochs(self, totals: dict[str, int]) -> Callable[[str, int, dict[str, float]], None] | None:
+        """An ``on_epoch`` for :func:`opl_rank.learners.fit`: shows ``policy epoch 3/30``
+        (``totals``: epochs per part, ``{"reward": 60, "policy": 30}``); None when the bar
+        is off (no host callbacks at all)."""
+        if self.bar.disable:
+            return None
+
+        def show(part: str, epoch: int, record: dict[str, float]) -> None:
+            total = totals.get(part)
+            self.detail(f"{part} epoch {epoch}" + (f"/{total}" if total else ""))
+
+        return show
 
     def done(self) -> None:
         if self.started:

@@ -52,13 +52,14 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
     return env, v0, v_star, star_method
 
 
-def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *,
-              on_step: Callable[[str], None] | None = None) -> list[list[dict[str, Any]]]:
+def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable[[str], None] | None = None,
+              on_epoch: Callable[[str, int, dict[str, float]], None] | None = None) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed. Every method is fitted on all the
     seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_seeds`) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
 
-    ``on_step(label)`` is called as each of the :func:`group_steps` steps starts (progress)."""
+    ``on_step(label)`` is called as each of the :func:`group_steps` steps starts, and
+    ``on_epoch(part, epoch, record)`` after every epoch of a fit (progress only)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -107,7 +108,10 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *,
         key = alias if alias is not None else (method, k, kind)
         if key not in done:
             start = time.perf_counter()
-            policies = fit_seeds(datas, k_fit, config(*key)) if together else [fit(datas[0], k_fit[0], config(*key))]
+            if together:
+                policies = fit_seeds(datas, k_fit, config(*key), on_epoch=on_epoch)
+            else:
+                policies = [fit(datas[0], k_fit[0], config(*key), on_epoch=on_epoch)]
             values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
             done[key] = (values, (time.perf_counter() - start) / len(group))
         return done[key]

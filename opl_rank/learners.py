@@ -23,6 +23,7 @@ propensities cannot overflow float32; set ``math.inf`` to disable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -34,7 +35,7 @@ import jax.numpy as jnp
 from opl_rank import marginals, opl_estimators
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl_estimators import ModelTerms, estimate
-from opl_rank.optimization import TrainConfig, TrainResult, check_finite, train_jit
+from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
 from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, reward_module, train_reward_params
 from opl_rank.scorers import make_scorer
@@ -218,7 +219,8 @@ def _reward_model(plan: _Plan, params: Any, position_weight: jax.Array) -> Rewar
     return RewardModel(plan.config.reward_model, plan.reward_module, params, position_weight)
 
 
-def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any = None) -> dict[str, TrainResult | None]:
+def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any = None, *,
+               listeners: tuple[Any, Any] = (None, None)) -> dict[str, TrainResult | None]:
     """The fit as a pure function of arrays (jit-able; ``jax.vmap`` over seeds).
 
     Args:
@@ -226,6 +228,8 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
       data: logged rounds.
       key: PRNG key.
       reward_params: an f_hat fitted elsewhere (two-step kinds); None fits it here.
+      listeners: tokens of :func:`opl_rank.optimization.listen` for the reward model's and
+        the policy's epochs (progress only; results do not depend on them).
 
     Returns:
       ``{"reward": TrainResult or None, "policy": TrainResult or None}`` with history arrays.
@@ -237,7 +241,8 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         data, valid = train_val_split(data, k_split, config.valid_fraction)
     out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
     if plan.reward_module is not None and reward_params is None:
-        out["reward"] = train_reward_params(plan.reward_module, "sum", data, k_reward, config.reward_train)
+        out["reward"] = train_reward_params(plan.reward_module, "sum", data, k_reward, config.reward_train,
+                                            listener=listeners[0])
         reward_params = out["reward"].params
     elif reward_params is not None:
         out["reward"] = TrainResult(reward_params, None)
@@ -246,7 +251,7 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         out["policy"] = train_jit(
             _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, data.context[:1]), data, k_fit,
             epochs=train.epochs, batch_size=train.batch_size, aux=reward_params, valid=valid,
-            patience=train.patience if valid is not None else None, devices=train.devices,
+            patience=train.patience if valid is not None else None, devices=train.devices, listener=listeners[1],
         )
     return out
 
@@ -289,13 +294,29 @@ def _two_step(plan: _Plan) -> bool:
     return plan.reward_module is not None and plan.config.reward_model.endswith("-two-step")
 
 
-def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolicy:
+EpochCallback = Callable[[str, int, dict[str, float]], None]
+
+
+@contextlib.contextmanager
+def _listeners(on_epoch: EpochCallback | None):
+    """Listener tokens for the reward model's and the policy's epochs (or ``(None, None)``)."""
+    with contextlib.ExitStack() as stack:
+        if on_epoch is None:
+            yield (None, None)
+        else:
+            yield tuple(stack.enter_context(listen(functools.partial(on_epoch, part))) for part in ("reward", "policy"))
+
+
+def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None) -> RankingPolicy:
     """Learn a ranking policy from logged data.
 
     Args:
       data: logged rounds with a fixed action set (``n_items`` items, contexts ``[n, dx]``).
       key: PRNG key.
       config: :class:`LearnerConfig`.
+      on_epoch: ``(part, epoch, record)`` called on the host after every epoch as the fit
+        goes, ``part`` being ``"reward"`` (f_hat) or ``"policy"`` (progress; results do
+        not depend on it).
 
     Returns:
       A :class:`~opl_rank.policies.PLPolicy` (estimator methods, rpod with k = L),
@@ -310,13 +331,16 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig) -> RankingPolic
         k_split, k_reward, _, _ = jax.random.split(key, 4)
         part = data if config.valid_fraction == 0 else train_val_split(data, k_split, config.valid_fraction)[0]
         reward_params = fit_reward_model(part, k_reward, **config.reward_model_options(), two_step_k=plan.k).params
-    policy = _policy(plan, fit_arrays(plan, data, key, reward_params), data.position_weight)
+    with _listeners(on_epoch) as listeners:
+        fitted = jax.block_until_ready(fit_arrays(plan, data, key, reward_params, listeners=listeners))
+    policy = _policy(plan, fitted, data.position_weight)
     if plan.estimator is not None:
         _warn_if_clipped(plan, policy.first_stage if isinstance(policy, TwoStagePolicy) else policy, data)
     return policy
 
 
-def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> list[RankingPolicy]:
+def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *,
+              on_epoch: EpochCallback | None = None) -> list[RankingPolicy]:
     """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), as one
     ``jax.vmap`` of :func:`fit_arrays` (what an accelerator wants).
 
@@ -327,6 +351,8 @@ def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfi
       datas: ``S`` logged data sets of equal shapes (``n``, ``L``, ``D``, optional fields).
       keys: ``[S]`` PRNG keys.
       config: :class:`LearnerConfig`.
+      on_epoch: as for :func:`fit`; under the vmap it is called for each seed's epoch
+        (``S`` calls per epoch).
 
     Returns:
       ``S`` policies, as :func:`fit` returns them.
@@ -335,10 +361,13 @@ def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfi
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
     plan = _plan(datas[0], config)
     if _two_step(plan):
-        return [fit(d, k, config) for d, k in zip(datas, keys)]
+        return [fit(d, k, config, on_epoch=on_epoch) for d, k in zip(datas, keys)]
     leaves, treedef = stack_data(datas)
-    # Rebuilt inside the vmap (from tracers: LoggedData validates concrete data only).
-    fitted = jax.vmap(lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key))(leaves, keys)
+    with _listeners(on_epoch) as listeners:
+        # Rebuilt inside the vmap (from tracers: LoggedData validates concrete data only).
+        fitted = jax.vmap(lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key, listeners=listeners))(
+            leaves, keys)
+        fitted = jax.block_until_ready(fitted)
     return [_policy(plan, jax.tree.map(lambda x: x[s], fitted), d.position_weight) for s, d in enumerate(datas)]
 
 

@@ -221,16 +221,18 @@ def fit_reward_model(
 
 
 def train_reward_params(
-    module: "_SlotValues", target: str, data: LoggedData, key: jax.Array, config: TrainConfig, *, valid: LoggedData | None = None
+    module: "_SlotValues", target: str, data: LoggedData, key: jax.Array, config: TrainConfig, *,
+    valid: LoggedData | None = None, listener: Any = None,
 ) -> TrainResult:
     """Initialise and fit a one-step f_hat's parameters: a pure function of arrays
-    (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays."""
+    (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays. ``listener``:
+    a :func:`opl_rank.optimization.listen` token (progress)."""
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
     return train_jit(
         _least_squares(module, target), config.make_optimizer(), params, data, k_fit,
         epochs=config.epochs, batch_size=config.batch_size, valid=valid, patience=config.patience if valid is not None else None,
-        devices=config.devices,
+        devices=config.devices, listener=listener,
     )
 
 

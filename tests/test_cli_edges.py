@@ -211,6 +211,27 @@ def test_bars_in_a_log_are_lines_with_a_heartbeat(monkeypatch):
         quiet.set_postfix_str("x")
 
 
+def test_fit_epochs_show_in_the_step_bar():
+    import io
+
+    from opl_rank import make_key
+    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.optimization import TrainConfig
+    from simulators import SyntheticRankingEnv
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=4, ranking_length=2)
+    data = env.sample_logged_data(make_key(1), 200)
+    config = LearnerConfig("rpod", k=1, train=TrainConfig(epochs=3, batch_size=64),
+                           reward_train=TrainConfig(epochs=2, batch_size=64))
+    with progress.bar(2, desc="job", unit="step", stream=io.StringIO()) as b:
+        steps = progress.Steps(b)
+        steps("rpod(k=1)")
+        fit(data, make_key(2), config, on_epoch=steps.epochs({"reward": 2, "policy": 3}))
+        assert b.postfix == "rpod(k=1): policy epoch 3/3"
+    with progress.bar(2, enabled=False) as quiet:
+        assert progress.Steps(quiet).epochs({"policy": 3}) is None  # off: no host callbacks at all
+
+
 @pytest.mark.slow
 def test_sweep_cells_show_their_steps(tmp_path, capsys):
     tiny = ["--set", "n_items=4", "--set", "ranking_length=2", "--set", "lam=0.5", "--set", "n=200", "--set", "seeds=0", "--set", "ks=0,1",

@@ -188,3 +188,17 @@ def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
     assert v > v0
     with pytest.raises(ValueError, match="slot_marginals"):
         LearnerConfig(method="iips", slot_marginals="magic")
+
+
+def test_on_epoch_sees_every_epoch_and_changes_nothing(setting):
+    _, data, _ = setting
+    config = _config("rpod", k=1)
+    seen = []
+    watched = fit(data, make_key(40), config, on_epoch=lambda part, epoch, record: seen.append((part, epoch)))
+    plain = fit(data, make_key(40), config)
+    assert seen == [("reward", e) for e in range(1, REWARD.epochs + 1)] + [("policy", e) for e in range(1, TRAIN.epochs + 1)]
+    for got, want in zip(jax.tree.leaves(watched.first_stage.params), jax.tree.leaves(plain.first_stage.params)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    seen.clear()  # vmapped over seeds: every seed's epochs
+    fit_seeds([data, data], jax.random.split(make_key(41), 2), _config("ips"), on_epoch=lambda *a: seen.append(a[:2]))
+    assert sorted(seen) == sorted([("policy", e) for e in range(1, TRAIN.epochs + 1)] * 2)
