@@ -18,9 +18,9 @@ Methods: every learner of ``opl_rank.learners.learning_methods()`` with its defa
 (additive) reward model -- dm, ips, snips, dr, iips, rips, regression -- and R-POD as
 rpod1, rpod2, rpod3 (k = 1..3). The environment is ``SyntheticRankingEnv`` with its
 defaults (dx = 5, lambda = 0.5, PL-linear logging policy, DCG weights); IIPS's data carry
-exact logged position marginals. IIPS is slow at large D on a CPU: the exact marginals
-cost about 0.4 ms (D=100) and 3 ms (D=1000) per row on 2 cores, in simulation and in every
-training step (``--timeout`` bounds each configuration).
+exact logged position marginals (the learner itself uses sampled ones from D = 16 at L = 10,
+chosen by cost). Measured tables: docs/performance.md section 12 (``--timeout`` bounds each
+configuration).
 
 Every (size, method) runs in its own subprocess, so that its peak resident memory
 (``getrusage`` ``ru_maxrss``; on an accelerator also the device's ``peak_bytes_in_use``) is

@@ -260,15 +260,21 @@ class ClippedWeightsWarning(RuntimeWarning):
     """Most logged rows' importance weights exceed ``max_log_weight`` under the learned policy."""
 
 
+_CHECK_ROWS = 2**16  # rows per chunk of the clipping check (its logits are [rows, D] floats)
+
+
 def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
     """Warn when over half the rows' log-weights pass the clip: the weighted terms then carry
     (almost) no information about the policy (every weight is the same constant)."""
     if plan.estimator is None:
         return
-    target = policy.propensities(data)
     k = plan.k if plan.config.method == "rpod" else plan.n_slots
-    log_w = target.log_prefix[:, k - 1] - data.log_pi0_prefix[:, k - 1]
-    share = float(jnp.mean(log_w > plan.config.max_log_weight))
+    above = 0
+    for start in range(0, data.n_rounds, _CHECK_ROWS):  # chunks: the logits are [rows, D]
+        part = data.take(slice(start, start + _CHECK_ROWS))
+        log_w = policy.propensities(part).log_prefix[:, k - 1] - part.log_pi0_prefix[:, k - 1]
+        above += int(jnp.sum(log_w > plan.config.max_log_weight))
+    share = above / data.n_rounds
     if share > 0.5:
         warnings.warn(
             f"{plan.config.method}: {share:.0%} of the logged rows have importance weights above "

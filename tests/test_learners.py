@@ -202,3 +202,14 @@ def test_on_epoch_sees_every_epoch_and_changes_nothing(setting):
     seen.clear()  # vmapped over seeds: every seed's epochs
     fit_seeds([data, data], jax.random.split(make_key(41), 2), _config("ips"), on_epoch=lambda *a: seen.append(a[:2]))
     assert sorted(seen) == sorted([("policy", e) for e in range(1, TRAIN.epochs + 1)] * 2)
+
+
+def test_clipping_check_runs_in_chunks_with_the_same_verdict(setting, monkeypatch):
+    import opl_rank.learners as learners_module
+
+    _, data, _ = setting
+    extreme = data.replace(log_pi0_prefix=data.log_pi0_prefix * 100.0)  # every weight above the clip
+    config = dataclasses.replace(_config("ips"), train=TrainConfig(epochs=1, batch_size=256))
+    monkeypatch.setattr(learners_module, "_CHECK_ROWS", 7)  # 429 chunks, the last one short
+    with pytest.warns(learners_module.ClippedWeightsWarning, match="100% of the logged rows"):
+        fit(extreme, make_key(13), config)
