@@ -27,7 +27,8 @@ from typing import Any, Callable
 from experiments.resume import BadCell, RunFolder, open_run_folder, read_cell, write_cell
 from experiments.sweep_cell import check_rows, group_steps, run_group
 from experiments.sweep_config import (
-    CELL_KEYS, NOT_HASHED, OPLSweep, cell_name, cells, group_key, load_sweep, method_rows, resolved_config,
+    CELL_KEYS, NOT_HASHED, SELECTION_METHODS, OPLSweep, cell_name, cells, group_key, load_sweep, method_rows,
+    resolved_config,
 )
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
@@ -59,6 +60,23 @@ def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder,
             write_cell(folder.cell_path(cell_name(cell)), cell=cell, rows=rows, config_hash=folder.config_hash)
             done.append((cell, rows, seconds))
     return done
+
+
+def _check_memory(sweep: OPLSweep) -> None:
+    """Refuse, before any work, a grid whose largest cell's logged data cannot fit (a lower
+    bound: contexts of the synthetic environment's dx = 5; larger contexts are checked again
+    when a cell simulates)."""
+    from opl_rank import memory
+    from opl_rank.learners import needs_position_marginals
+
+    marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
+    together = len(sweep.seeds) if sweep.vmap_seeds else 1
+    n, n_items, n_slots = max(sweep.n), max(sweep.n_items), max(sweep.ranking_length)
+    per_cell = memory.logged_data_bytes(n, n_items, n_slots, 5, position_marginals=marginals)
+    memory.require(memory.ASSEMBLY_COPIES * together * per_cell,
+                   f"the sweep's largest cell (n={n:,}, D={n_items}, L={n_slots}"
+                   f"{f', {together} seeds at once' if together > 1 else ''})",
+                   "use a smaller n" + (" or vmap_seeds: false" if together > 1 else ""))
 
 
 def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) -> str:
@@ -108,6 +126,7 @@ def run_sweep(
 
     if sweep.vmap_seeds == "auto":
         sweep = dataclasses.replace(sweep, vmap_seeds=jax.default_backend() != "cpu")
+    _check_memory(sweep)
     with open_run_folder(sweep.output_dir, resolved_config(sweep), new_config=new_config, echo=echo,
                          exclude=NOT_HASHED, grid=CELL_KEYS) as folder:
         sweep = dataclasses.replace(sweep, output_dir=folder.path)

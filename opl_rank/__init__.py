@@ -9,6 +9,7 @@ from opl_rank import (
     learners,
     ltr_estimators,
     marginals,
+    memory,
     metrics,
     ope,
     opl_estimators,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank import marginals
+from opl_rank import marginals, memory
 from opl_rank import plackett_luce as pl
 
 __all__ = [
@@ -69,6 +69,17 @@ def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_margi
     else:
         log_marginal = jnp.zeros_like(log_prefix)
     return ranking, reward, log_prefix, log_marginal
+
+
+def _check_memory(n: int, n_items: int, n_slots: int, context_dim: int, position_marginals: str) -> None:
+    marginal = position_marginals == "exact"
+    per_copy = memory.logged_data_bytes(n, n_items, n_slots, context_dim, position_marginals=marginal)
+    fits = max(1, n * (memory.available_bytes() or 0) // max(1, memory.ASSEMBLY_COPIES * per_copy))
+    memory.require(
+        memory.ASSEMBLY_COPIES * per_copy,
+        f"simulating n={n:,} logged rows (D={n_items}, L={n_slots}, dx={context_dim}"
+        f"{', with position marginals' if marginal else ''})",
+        f"use a smaller n (about {fits:,} fit here) or simulate in parts")
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
@@ -126,6 +137,8 @@ def rollout_logging_policy(
         k_ctx, k_chunk = jax.random.split(keys[c])
         m = min(rows, int(n) - c * rows)
         context = sample_contexts(k_ctx, rows)
+        if c == 0:  # the first chunk gives dx: refuse an n that cannot fit before the real work
+            _check_memory(int(n), n_items, n_slots, int(context.shape[-1]), position_marginals)
         logits = jnp.asarray(logging_logits(context), jnp.float32)
         ranking, reward, log_prefix, log_marginal = _logged_chunk(
             reward_model,
