@@ -17,6 +17,7 @@ import numpy as np
 
 from opl_rank import marginals, memory
 from opl_rank import plackett_luce as pl
+from opl_rank.policies import MIN_MARGINAL
 
 __all__ = [
     "RewardModel",
@@ -28,9 +29,6 @@ __all__ = [
 ]
 
 POSITION_MARGINAL_MODES = ("none", "exact")
-# Smallest probability stored for a logged position marginal: the quadrature's absolute
-# error is ~1e-7, so a logged item's marginal is never rounded to an impossible 0.
-_MIN_MARGINAL = 1e-30
 
 
 class RewardModel(Protocol):
@@ -65,7 +63,7 @@ def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_margi
     reward = reward_model.sample_reward(k_reward, context, ranking)
     if position_marginals == "exact":
         marginal = marginals.exact_slot_marginals(logits, ranking)  # P(rank(a_l) = l)
-        log_marginal = jnp.log(jnp.maximum(marginal, _MIN_MARGINAL))
+        log_marginal = jnp.log(jnp.maximum(marginal, MIN_MARGINAL))  # never an impossible 0
     else:
         log_marginal = jnp.zeros_like(log_prefix)
     return ranking, reward, log_prefix, log_marginal
