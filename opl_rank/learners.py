@@ -36,7 +36,7 @@ from opl_rank import marginals, opl_estimators
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl_estimators import ModelTerms, estimate
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
-from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
 from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, reward_module, train_reward_params
 from opl_rank.scorers import make_scorer
 
@@ -272,7 +272,7 @@ def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
     above = 0
     for start in range(0, data.n_rounds, _CHECK_ROWS):  # chunks: the logits are [rows, D]
         part = data.take(slice(start, start + _CHECK_ROWS))
-        log_w = policy.propensities(part).log_prefix[:, k - 1] - part.log_pi0_prefix[:, k - 1]
+        log_w = compiled_propensities(policy, part).log_prefix[:, k - 1] - part.log_pi0_prefix[:, k - 1]
         above += int(jnp.sum(log_w > plan.config.max_log_weight))
     share = above / data.n_rounds
     if share > 0.5:

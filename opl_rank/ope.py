@@ -14,6 +14,7 @@ bootstrap vmapped over resampling keys. Diagnostics: effective sample size
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from statistics import NormalDist
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 from opl_rank import opl_estimators
 from opl_rank.data import LoggedData
 from opl_rank.opl_estimators import ModelTerms
-from opl_rank.policies import RankingPolicy
+from opl_rank.policies import RankingPolicy, compiled_propensities
 
 __all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate"]
 
@@ -63,6 +64,16 @@ def model_values(
     """``E_{a ~ pi}[f_hat(x, a)]`` per row ``[n]``: exact for deterministic policies, a
     Monte Carlo mean over ``n_samples`` rankings for stochastic ones (of the candidates
     ``where`` allows). ``n_items`` (D) only sizes the batches of samples (default 1024)."""
+    if _is_pytree(policy) and _is_pytree(reward_model):  # this library's policies: one compiled program
+        return _compiled_model_values(policy, reward_model, context, key, n_samples, where, n_items)
+    return _model_values(policy, reward_model, context, key, n_samples, where, n_items)
+
+
+def _is_pytree(x: Any) -> bool:
+    return not jax.tree_util.all_leaves([x])
+
+
+def _model_values(policy, reward_model, context, key, n_samples, where, n_items):
     if policy.deterministic:
         return reward_model.predict(context, policy.sample(None, context, where=where))
     keys = jax.random.split(key, n_samples)
@@ -75,12 +86,23 @@ def model_values(
     return jnp.mean(values, axis=0)
 
 
+_compiled_model_values = jax.jit(_model_values, static_argnums=(4, 6))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _terms(entry: opl_estimators.Estimator, target, data, model, k, max_log_weight) -> opl_estimators.Terms:
+    """An estimator's per-round terms as one compiled program (registry entries are jit-able:
+    the learners train through them; the entry itself is the cache key)."""
+    return entry.terms(target, data, model=model, k=k, max_log_weight=max_log_weight)
+
+
 def _ess(w: jax.Array) -> float:
     w = jnp.where(jnp.isfinite(w), w, 0.0)
     total = float(jnp.sum(w * w))
     return float(jnp.sum(w)) ** 2 / total if total > 0 else 0.0
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4))  # compiled once per shape, not once per call
 def _bootstrap(num, den, key, n_bootstrap, batch=64):
     """Resampled estimates ``[B]`` (vmapped over keys, in batches to bound memory)."""
     n = num.shape[0]
@@ -149,7 +171,7 @@ def evaluate(
         if not isinstance(k, int) or not 0 <= k <= n_slots:
             raise ValueError(f"{', '.join(n for n, e in entries.items() if e.uses_k)} needs k, an int in [0, L={n_slots}], got {k!r}")
     k_prop, k_model, k_boot = jax.random.split(key, 3)
-    target = policy.propensities(data, k_prop, slot_marginals=bool(marginals))
+    target = compiled_propensities(policy, data, k_prop, slot_marginals=bool(marginals))
     model = None
     if reward_model is not None:
         model = ModelTerms(reward_model.predict(data.context, data.ranking),
@@ -158,7 +180,7 @@ def evaluate(
     z = NormalDist().inv_cdf(0.5 + level / 2)
     results = {}
     for i, (name, entry) in enumerate(entries.items()):
-        terms = entry.terms(target, data, model=model, k=k, max_log_weight=max_log_weight)
+        terms = _terms(entry, target, data, model, k, max_log_weight)
         num, den, w = terms.value, terms.normalizer, terms.weight
         n = num.shape[0]
         if den is None:

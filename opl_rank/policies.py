@@ -14,6 +14,7 @@ request, position marginals) in the form the estimators of
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Protocol, runtime_checkable
 
@@ -59,6 +60,13 @@ def _log_marginal(marginal: jax.Array) -> jax.Array:
     return jnp.log(jnp.maximum(marginal, MIN_MARGINAL))
 
 
+def _pytree(data_fields: list[str], meta_fields: list[str]):
+    """Register a frozen dataclass as a pytree: its arrays (parameters) are leaves, the rest
+    (modules, sizes) static -- so policies pass through ``jax.jit``/``jax.vmap`` whole."""
+    return functools.partial(jax.tree_util.register_dataclass, data_fields=data_fields, meta_fields=meta_fields)
+
+
+@_pytree(["params"], ["module", "n_slots", "slot_marginal_samples"])
 @dataclasses.dataclass(frozen=True)
 class PLPolicy:
     """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, :mod:`opl_rank.scorers`).
@@ -112,6 +120,7 @@ class PLPolicy:
         return Propensities(log_prefix, log_slot)
 
 
+@_pytree(["reward_model"], [])
 @dataclasses.dataclass(frozen=True)
 class RegressionPolicy:
     """Deterministic: the argmax of f_hat (Eq. 13 from an empty prefix)."""
@@ -138,6 +147,7 @@ class RegressionPolicy:
         return Propensities(_log_indicator(jnp.cumprod(same, axis=-1) > 0), log_slot)
 
 
+@_pytree(["first_stage", "reward_model"], ["n_samples", "max_enumerated"])
 @dataclasses.dataclass(frozen=True)
 class TwoStagePolicy:
     """R-POD's policy: PL over the top k, then the f_hat-argmax completion.
@@ -179,15 +189,10 @@ class TwoStagePolicy:
         exact by enumeration when there are at most ``max_enumerated``, else a Monte Carlo
         mean over ``n_samples`` prefixes drawn with ``key``.
         """
-        k, context, ranking, where = self.k, data.context, data.ranking, data.item_mask
-        first = self.first_stage.propensities(data, slot_marginals=slot_marginals)
-        head = first.log_prefix  # [n, k]
-        completed = self.reward_model.complete(context, ranking[:, :k], where=where)
-        tail_match = jnp.cumprod(completed[:, k:] == ranking[:, k:], axis=-1) > 0
-        log_prefix = jnp.concatenate([head, head[:, -1:] + _log_indicator(tail_match)], axis=-1)
+        log_prefix, first_log_slot, logits = _two_stage_head(self, data, slot_marginals)
         if not slot_marginals:
             return Propensities(log_prefix)
-        logits = self.first_stage.logits(context)
+        k, context, ranking, where = self.k, data.context, data.ranking, data.item_mask
         n_prefixes = math.perm(data.n_items, k)
         enumerate_prefixes = n_prefixes <= self.max_enumerated
         if not enumerate_prefixes and key is None:
@@ -200,13 +205,13 @@ class TwoStagePolicy:
         starts = range(0, n, rows)
         keys = [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
         beyond = jnp.concatenate([
-            self._beyond_k_marginals(
-                context[s : s + rows], ranking[s : s + rows], logits[s : s + rows],
+            _beyond_k_marginals(
+                self, context[s : s + rows], ranking[s : s + rows], logits[s : s + rows],
                 None if where is None else where[s : s + rows], chunk_key, n_prefixes if enumerate_prefixes else 0,
             )
             for s, chunk_key in zip(starts, keys)
         ], axis=0)
-        return Propensities(log_prefix, jnp.concatenate([first.log_slot, _log_marginal(beyond)], axis=-1))
+        return Propensities(log_prefix, jnp.concatenate([first_log_slot, _log_marginal(beyond)], axis=-1))
 
     def _beyond_k_marginals(self, context, ranking, logits, where, key, n_prefixes):
         """``P(slot l holds ranking[:, l])`` for ``l >= k``: ``[m, L - k]``, over all
@@ -222,6 +227,39 @@ class TwoStagePolicy:
             weight = jnp.full(prefixes.shape[:2], 1.0 / self.n_samples)
         tails = self.reward_model.complete(context, prefixes, where=where)[..., k:]  # [P, m, L-k]
         return jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnames=("slot_marginals",))
+def _two_stage_head(policy: TwoStagePolicy, data: LoggedData, slot_marginals: bool):
+    """A two-stage policy's ``log_prefix [n, L]``, its first stage's ``log_slot [n, k]`` (or
+    None) and logits ``[n, D]``, as one compiled program."""
+    k, ranking = policy.k, data.ranking
+    first = policy.first_stage.propensities(data, slot_marginals=slot_marginals)
+    head = first.log_prefix  # [n, k]
+    completed = policy.reward_model.complete(data.context, ranking[:, :k], where=data.item_mask)
+    tail_match = jnp.cumprod(completed[:, k:] == ranking[:, k:], axis=-1) > 0
+    log_prefix = jnp.concatenate([head, head[:, -1:] + _log_indicator(tail_match)], axis=-1)
+    return log_prefix, first.log_slot, policy.first_stage.logits(data.context)
+
+
+# One compiled program per chunk shape (the chunks' loop stays on the host: bounded memory).
+_beyond_k_marginals = jax.jit(TwoStagePolicy._beyond_k_marginals, static_argnames=("n_prefixes",))
+
+
+@functools.partial(jax.jit, static_argnames=("slot_marginals",))
+def _compiled_propensities(policy, data, key, slot_marginals):
+    return policy.propensities(data, key, slot_marginals=slot_marginals)
+
+
+def compiled_propensities(policy: RankingPolicy, data: LoggedData, key: jax.Array | None = None, *,
+                          slot_marginals: bool = False) -> Propensities:
+    """``policy.propensities(data, key, slot_marginals=...)``, compiled as one program for
+    this module's PL and regression policies (same numbers; a few hundred fewer op-by-op
+    compilations when OPE or a check meets new shapes). A two-stage policy compiles its own
+    pieces; any other policy runs as it is."""
+    if isinstance(policy, (PLPolicy, RegressionPolicy)):
+        return _compiled_propensities(policy, data, key, slot_marginals)
+    return policy.propensities(data, key, slot_marginals=slot_marginals)
 
 
 def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:

@@ -103,6 +103,8 @@ class _SlotValues(nn.Module):
 
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["params", "position_weight"],
+                   meta_fields=["kind", "module", "max_enumerated", "beam_width"])  # a pytree: jit-able whole
 @dataclasses.dataclass(frozen=True)
 class RewardModel:
     """A fitted f_hat. Pure-array methods; jit-able through ``params``."""

@@ -190,17 +190,18 @@ def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     import opl_rank.policies as policies_module
 
     _, data, model, policies, _ = setting
-    sub = data.take(np.arange(300))
+    sub = data.take(np.arange(56))  # 8 chunks of 7 rows: one chunk shape to compile
     two_stage = policies["two_stage"]
     whole = two_stage.propensities(sub, make_key(8), slot_marginals=True)
     values = ope.model_values(two_stage, model, sub.context, make_key(9), n_samples=32, n_items=D)
     monkeypatch.setattr(policies_module, "_CHUNK_FLOATS", 7 * 5 * (D + L))  # 7 rows per chunk (5 prefixes)
-    monkeypatch.setattr(ope, "_BATCH_FLOATS", 3 * 300 * D)  # 3 samples per batch
+    monkeypatch.setattr(ope, "_BATCH_FLOATS", 3 * 56 * D)  # 3 samples per batch
     chunked = two_stage.propensities(sub, make_key(8), slot_marginals=True)
     np.testing.assert_allclose(np.asarray(chunked.log_slot), np.asarray(whole.log_slot), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(chunked.log_prefix), np.asarray(whole.log_prefix))
     batched = ope.model_values(two_stage, model, sub.context, make_key(9), n_samples=32, n_items=D)
     np.testing.assert_allclose(np.asarray(batched), np.asarray(values), rtol=1e-5)
-    sampled = dataclasses.replace(two_stage, n_samples=64, max_enumerated=0)  # Monte Carlo, chunked: still a probability
+    monkeypatch.setattr(policies_module, "_CHUNK_FLOATS", 7 * 16 * (D + L))  # 7 rows per chunk (16 samples)
+    sampled = dataclasses.replace(two_stage, n_samples=16, max_enumerated=0)  # Monte Carlo, chunked: still a probability
     mc = np.exp(np.asarray(sampled.propensities(sub, make_key(8), slot_marginals=True).log_slot))
     assert np.all((mc >= 0) & (mc <= 1 + 1e-6))
