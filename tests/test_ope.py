@@ -205,3 +205,30 @@ def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     sampled = dataclasses.replace(two_stage, n_samples=16, max_enumerated=0)  # Monte Carlo, chunked: still a probability
     mc = np.exp(np.asarray(sampled.propensities(sub, make_key(8), slot_marginals=True).log_slot))
     assert np.all((mc >= 0) & (mc <= 1 + 1e-6))
+
+
+def test_policies_are_pytrees_and_compiled_propensities_equal_the_plain_ones(setting):
+    """OPE compiles propensities and model values of this library's policies as whole
+    programs (policies are pytrees: parameters are leaves, modules and sizes static); the
+    numbers must be the plain, op-by-op ones."""
+    from opl_rank.policies import compiled_propensities
+
+    _, data, model, policies, _ = setting
+    sub = data.take(np.arange(200))
+    for name, policy in policies.items():
+        leaves, treedef = jax.tree.flatten(policy)
+        assert leaves and all(isinstance(x, jax.Array) for x in leaves), name
+        rebuilt = jax.tree.unflatten(treedef, leaves)
+        assert type(rebuilt) is type(policy) and rebuilt.n_slots == policy.n_slots
+        plain = policy.propensities(sub, make_key(8), slot_marginals=True)
+        compiled = compiled_propensities(policy, sub, make_key(8), slot_marginals=True)
+        np.testing.assert_allclose(np.asarray(compiled.log_prefix), np.asarray(plain.log_prefix), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(compiled.log_slot), np.asarray(plain.log_slot), rtol=1e-5, atol=1e-6)
+        with jax.disable_jit():  # model values: the compiled program against op-by-op
+            slow = ope.model_values(policy, model, sub.context, make_key(9), n_samples=8, n_items=D)
+        fast = ope.model_values(policy, model, sub.context, make_key(9), n_samples=8, n_items=D)
+        np.testing.assert_allclose(np.asarray(fast), np.asarray(slow), rtol=1e-4, atol=1e-5)
+    # a whole policy passes through jax.jit: its log-probabilities equal the direct call
+    pl_policy = policies["pl"]
+    jitted = jax.jit(lambda p, x, r: p.log_prob(x, r))(pl_policy, sub.context, sub.ranking)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(pl_policy.log_prob(sub.context, sub.ranking)), rtol=1e-5)
