@@ -37,7 +37,7 @@ from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl_estimators import ModelTerms, estimate
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
 from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
-from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, reward_module, train_reward_params
+from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
 from opl_rank.scorers import make_scorer
 
 __all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
@@ -140,6 +140,9 @@ class _Plan(NamedTuple):
     reward_module: Any  # None without f_hat
     policy_module: Any
     slot_marginal_samples: int = 0  # > 0: the policy's slot marginals are sampled (by cost)
+    # Two-stage R-POD with an additive f_hat: each row's completion order (g's top L) is
+    # computed once before the policy's epochs, not in every step (docs/performance.md §13).
+    completion_order: bool = False
 
 
 def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
@@ -158,7 +161,8 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
     if estimator is not None and opl_estimators.get(estimator).needs_position_marginals:
         chosen = marginals.slot_marginal_method(data.n_items, k, config.n_samples, config.slot_marginals)
         samples = config.n_samples if chosen == "sampled" else 0
-    return _Plan(config, estimator, k, n_slots, module, policy_module, samples)
+    completion_order = module is not None and 0 < k < n_slots and base_kind(config.reward_model) == "additive"
+    return _Plan(config, estimator, k, n_slots, module, policy_module, samples, completion_order)
 
 
 @functools.lru_cache(maxsize=128)
@@ -171,7 +175,8 @@ def _surrogate(plan: _Plan) -> Callable:
     config, k = plan.config, plan.k
     entry = opl_estimators.get(plan.estimator)
 
-    def loss(params, batch: LoggedData, key, reward_params):
+    def loss(params, batch: LoggedData | tuple[LoggedData, dict], key, reward_params):
+        batch, extras = batch if isinstance(batch, tuple) else (batch, {})
         policy = PLPolicy(plan.policy_module, params, k, plan.slot_marginal_samples)
         k_marginals = jax.random.fold_in(key, 1) if plan.slot_marginal_samples else None  # other keys unchanged
         target = policy.propensities(batch, k_marginals, slot_marginals=entry.needs_position_marginals)
@@ -185,7 +190,8 @@ def _surrogate(plan: _Plan) -> Callable:
                     where=batch.item_mask)
             else:
                 def value_fn(prefixes):
-                    completed = reward_model.complete(batch.context, prefixes, where=batch.item_mask)
+                    completed = reward_model.complete(batch.context, prefixes, where=batch.item_mask,
+                                                      order=extras.get("completion_order"))
                     return reward_model.predict(batch.context, completed)
 
                 policy_value = opl_estimators.ranking_model_value(logits, value_fn, k, key, config.n_samples,
@@ -248,12 +254,27 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         out["reward"] = TrainResult(reward_params, None)
     if plan.estimator is not None:
         train = config.train
+        first_context = data.context[:1]
+        if plan.completion_order:
+            data, valid = (None if d is None else (d, {"completion_order": _completion_orders(plan, reward_params, d)})
+                           for d in (data, valid))
         out["policy"] = train_jit(
-            _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, data.context[:1]), data, k_fit,
+            _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, first_context), data, k_fit,
             epochs=train.epochs, batch_size=train.batch_size, aux=reward_params, valid=valid,
             patience=train.patience if valid is not None else None, devices=train.devices, listener=listeners[1],
         )
     return out
+
+
+_ORDER_ROWS = 2**14  # rows per chunk of the completion orders (g is [rows, D] floats)
+
+
+def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Array:
+    """int32 ``[n, L]``: every row's completion order under the fitted additive f_hat."""
+    reward_model = _reward_model(plan, reward_params, data.position_weight)
+    rows = {"context": data.context, "item_mask": data.item_mask}
+    return jax.lax.map(lambda r: reward_model.completion_order(r["context"], where=r["item_mask"]), rows,
+                       batch_size=min(_ORDER_ROWS, data.n_rounds))
 
 
 class ClippedWeightsWarning(RuntimeWarning):

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from opl_rank import plackett_luce as pl
+from opl_rank import prefix_sampling
 
 __all__ = [
     "ESTIMATORS",
@@ -80,15 +81,24 @@ class _Samples:
     def __init__(self, logits, key, n_slots, n_samples, where):
         batch = logits.shape
         self.n_samples = n_samples
+        self.row_logits, self.row_where = logits.astype(jnp.float32), where
         self.logits = jnp.broadcast_to(logits.astype(jnp.float32), (n_samples,) + batch)
         self.where = None if where is None else jnp.broadcast_to(where, (n_samples,) + batch)
-        self.rankings = pl.sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)
+        # Short prefixes from many items: one inverse-CDF table per row, shared by the N
+        # samples, also for their log-probabilities (docs/performance.md §13).
+        self.shared = prefix_sampling.prefix_sampler(batch[-1], n_slots) == "inverse_cdf"
+        if self.shared:
+            self.rankings = prefix_sampling.sample_prefixes(key, sg(logits), n_slots, n_samples, where=where)
+        else:
+            self.rankings = pl.sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)
         valid = pl.valid_items(self.logits, self.where)
         self.slot_valid = jnp.take_along_axis(valid, self.rankings, axis=-1)  # [N, .., K]
         self.valid = valid  # [N, .., D]
 
     def log_prefix(self) -> jax.Array:
         """``[N, .., K]`` log pi(y_{1:k})."""
+        if self.shared:
+            return pl.cumsum_slots(prefix_sampling.shared_slot_log_probs(self.row_logits, self.rankings, where=self.row_where))
         return pl.prefix_log_probs(self.logits, self.rankings, where=self.where)
 
     def log_prefix_before(self) -> jax.Array:

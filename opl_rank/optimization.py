@@ -181,11 +181,22 @@ def _replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     return jax.tree.map(put, tree)
 
 
+_EXTRA = "extra/"  # row names of the per-row extras in a (LoggedData, extras) pair
+
+
 def _rows_of(data: Any) -> dict[str, jax.Array]:
+    if isinstance(data, tuple):  # (LoggedData, {name: [n, ..]}): logged rows and per-row extras
+        logged, extras = data
+        return {**logged.row_fields(), **{_EXTRA + name: value for name, value in extras.items()}}
     return data.row_fields() if isinstance(data, LoggedData) else dict(data)
 
 
 def _with_rows(data: Any, rows: dict[str, jax.Array]) -> Any:
+    if isinstance(data, tuple):
+        logged, extras = data
+        extra_rows = {name[len(_EXTRA):]: value for name, value in rows.items() if name.startswith(_EXTRA)}
+        return (logged.replace(**{name: value for name, value in rows.items() if not name.startswith(_EXTRA)}),
+                {**extras, **extra_rows})
     return data.replace(**rows) if isinstance(data, LoggedData) else {**data, **rows}
 
 
@@ -216,8 +227,10 @@ def train(
       loss_fn: ``(params, batch, key, aux) -> scalar``.
       optimizer: any ``optax.GradientTransformation``.
       params: initial parameters.
-      data: a :class:`~opl_rank.data.LoggedData` (batches are LoggedData) or a dict of
-        arrays sharing a leading axis ``n`` (batches are dicts).
+      data: a :class:`~opl_rank.data.LoggedData` (batches are LoggedData), a pair
+        ``(LoggedData, {name: [n, ..]})`` of logged rows and per-row arrays computed once
+        before training (batches are such pairs), or a dict of arrays sharing a leading
+        axis ``n`` (batches are dicts).
       key: PRNG key (shuffles, step keys, validation keys).
       epochs, batch_size: Python ints (``batch_size`` is capped at ``n``).
       aux: extra arrays the loss reads.

@@ -40,6 +40,7 @@ from opl_rank import completion
 from opl_rank.completion import one_hot_sum, zero_diagonal
 from opl_rank.data import LoggedData
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, minimize, train_jit
+from opl_rank.plackett_luce import cumsum_slots
 from opl_rank.scorers import make_scorer
 
 __all__ = [
@@ -132,7 +133,23 @@ class RewardModel:
         """``g(x, d)`` ``[n, D]`` (the whole model when ``kind == "additive"``)."""
         return self.module.apply(self.params, context, method=_SlotValues.item_values)
 
-    def complete(self, context: jax.Array, prefixes: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+    def _candidate_values(self, context: jax.Array, where: jax.Array | None) -> jax.Array:
+        g = self.item_values(context)
+        return g if where is None else jnp.where(where, g, _EXCLUDED_VALUE)  # excluded ones lose to every real one
+
+    def completion_order(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """int32 ``[n, L]``: each row's top-``L`` items by ``g`` (additive kinds), best first.
+
+        It does not depend on the prefix: a fit computes it once per logged row and passes
+        it to :meth:`complete` (``order=``) instead of a top-``L`` over ``D`` every step.
+        """
+        if base_kind(self.kind) != "additive":
+            raise ValueError(f"completion_order is for additive reward models, not {self.kind!r}")
+        g = self._candidate_values(context, where)
+        return jax.lax.top_k(g, min(self.n_slots, g.shape[-1]))[1].astype(jnp.int32)
+
+    def complete(self, context: jax.Array, prefixes: jax.Array, *, where: jax.Array | None = None,
+                 order: jax.Array | None = None) -> jax.Array:
         """Second stage (Eq. 13): the best completion of each prefix under f_hat.
 
         Args:
@@ -140,6 +157,7 @@ class RewardModel:
           prefixes: int ``[.., n, k]`` with ``0 <= k <= L``.
           where: optional bool ``[n, D]``: only these candidates complete a prefix (while a
             row has enough of them).
+          order: optional int ``[n, L]`` from :meth:`completion_order` (additive kinds).
 
         Returns:
           int ``[.., n, L]``: the prefix followed by ``argmax_{a'} f_hat(x, (prefix, a'))``
@@ -154,21 +172,20 @@ class RewardModel:
         if k < self.module.prefix_slots:
             raise ValueError(f"a two-step f_hat fitted for k={self.module.prefix_slots} completes prefixes of length "
                              f">= {self.module.prefix_slots}, got {k}")
-        g = self.item_values(context)
-        if where is not None:  # excluded candidates lose to every real one
-            g = jnp.where(where, g, _EXCLUDED_VALUE)
         if base_kind(self.kind) == "additive":
             # The best tail is the first L - k items of g's top L that the prefix does not
             # hold: one top-L per row, shared by every prefix, instead of a top-k over D per
             # prefix (the same items in the same order).
-            order = jax.lax.top_k(g, min(self.n_slots, n_items))[1].astype(prefixes.dtype)  # [n, L]
-            order = jnp.broadcast_to(order, prefixes.shape[:-1] + order.shape[-1:])
+            if order is None:
+                order = self.completion_order(context, where=where)
+            order = jnp.broadcast_to(order.astype(prefixes.dtype), prefixes.shape[:-1] + order.shape[-1:])
             free = ~jnp.any(order[..., :, None] == prefixes[..., None, :], axis=-1)  # [.., n, L]
-            position = jnp.cumsum(free.astype(jnp.int32), axis=-1) - 1  # rank among the free ones
+            position = cumsum_slots(free.astype(jnp.int32)) - 1  # rank among the free ones
             picks = free[..., :, None] & (position[..., :, None] == jnp.arange(rest, dtype=jnp.int32).reshape(
                 (1,) * (prefixes.ndim - 1) + (1, rest)))  # [.., n, L, rest]
             tail = jnp.sum(jnp.where(picks, order[..., :, None], 0), axis=-2).astype(prefixes.dtype)
             return jnp.concatenate([prefixes, tail], axis=-1)
+        g = self._candidate_values(context, where)
         g = jnp.broadcast_to(g, prefixes.shape[:-1] + (n_items,))
         interaction = self.params["params"]["interaction"]
         return completion.complete(

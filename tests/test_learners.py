@@ -213,3 +213,22 @@ def test_clipping_check_runs_in_chunks_with_the_same_verdict(setting, monkeypatc
     monkeypatch.setattr(learners_module, "_CHECK_ROWS", 7)  # 429 chunks, the last one short
     with pytest.warns(learners_module.ClippedWeightsWarning, match="100% of the logged rows"):
         fit(extreme, make_key(13), config)
+
+
+def test_precomputed_completion_orders_change_nothing():
+    """Two-stage R-POD with an additive f_hat reads each row's completion order, computed
+    once before the policy's epochs, instead of a top-L per step: the same fit exactly."""
+    from opl_rank.learners import _plan, fit_arrays
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=40, ranking_length=5)
+    data = env.sample_logged_data(make_key(1), 600)
+    config = LearnerConfig("rpod", k=2, train=TrainConfig(epochs=2, batch_size=128),
+                           reward_train=TrainConfig(epochs=2, batch_size=128), valid_fraction=0.2)
+    plan = _plan(data, config)
+    assert plan.completion_order
+    once = fit_arrays(plan, data, make_key(2))["policy"]
+    per_step = fit_arrays(plan._replace(completion_order=False), data, make_key(2))["policy"]
+    for a, b in zip(jax.tree.leaves(once.params), jax.tree.leaves(per_step.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(once.history["valid_loss"], per_step.history["valid_loss"], rtol=1e-6)
+    assert not _plan(data, dataclasses.replace(config, reward_model="pairwise")).completion_order
