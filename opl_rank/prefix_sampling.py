@@ -35,11 +35,12 @@ __all__ = ["sample_prefixes", "shared_slot_log_probs", "prefix_sampler"]
 
 _NEG_INF = -jnp.inf
 # The prefix sampler pays O(D) per row plus O(N K^2 log D) per row's samples; the Gumbel
-# sampler O(N D) random numbers and O(N K D) selection. Measured on the 2-core machine
-# (docs/performance.md §13): the table wins from D = 32 on for K <= 4.
-_PREFIX_MIN_ITEMS = 32
-_PREFIX_MAX_SLOTS = 4
-_COMPARE_ALL_MAX_ITEMS = 0
+# sampler O(N D) random numbers and O(N K D) selection, and its log-probabilities N x D
+# normalisers. Sampling plus the log-probabilities' gradient, measured on the 2-core
+# machine (docs/performance.md §13): the table is 1.2-2.7x faster from D = 16 for K <= 5,
+# 4-17x at D >= 100; at D <= 12 the gain is small and long prefixes compile slowly.
+_PREFIX_MIN_ITEMS = 16
+_PREFIX_MAX_SLOTS = 5
 
 
 def prefix_sampler(n_items: int, n_slots: int, method: str = "auto") -> str:
@@ -131,8 +132,6 @@ def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
     ``cumulative`` ``[.., D]`` non-decreasing, ``target`` ``[N, ..]``; int32 ``[N, ..]``.
     """
     n_items = cumulative.shape[-1]
-    if n_items <= _COMPARE_ALL_MAX_ITEMS:  # one fused compare-and-count beats log2(D) gathers
-        return jnp.sum(cumulative[None] <= target[..., None], axis=-1, dtype=jnp.int32)
     flat = cumulative.reshape(-1)
     row = (jnp.arange(flat.shape[0] // n_items, dtype=jnp.int32) * n_items).reshape((1,) + cumulative.shape[:-1])
     pos = jnp.zeros(target.shape, jnp.int32)
