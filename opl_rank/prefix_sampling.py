@@ -127,7 +127,9 @@ def _sort_small(keys: list, *values: list):
 
 
 def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
-    """Branch-free binary search: ``#{d : cumulative[.., d] <= target[n, ..]}``.
+    """Branch-free search: ``#{d : cumulative[.., d] <= target[n, ..]}``: a compare-and-count
+    over a coarse grid, then a binary search inside the grid cell (each of its dependent
+    gathers is a separate kernel on CPU).
 
     ``cumulative`` ``[.., D]`` non-decreasing, ``target`` ``[N, ..]``; int32 ``[N, ..]``.
     """
@@ -136,6 +138,13 @@ def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
     row = (jnp.arange(flat.shape[0] // n_items, dtype=jnp.int32) * n_items).reshape((1,) + cumulative.shape[:-1])
     pos = jnp.zeros(target.shape, jnp.int32)
     step = 1 << (n_items.bit_length() - 1)
+    coarse = 8 if n_items < 512 else 32  # measured best at D = 100 and D = 1000 (§13)
+    if n_items >= 4 * coarse:
+        # The first levels at once: count the entries of every coarse-th position at or
+        # below the target (a strided slice of the row, compared without a gather).
+        grid = cumulative[..., coarse - 1::coarse]  # [.., D // coarse]
+        pos = coarse * jnp.sum(grid[None] <= target[..., None], axis=-1, dtype=jnp.int32)
+        step = coarse // 2
     while step:
         cand = pos + step
         ok = cand <= n_items

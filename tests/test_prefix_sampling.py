@@ -185,3 +185,13 @@ def test_ltr_estimators_on_the_prefix_sampler_are_unbiased(name):
     se = grads.std(0, ddof=1) / np.sqrt(len(grads))
     z = np.abs(grads.mean(0) - np.asarray(jax.grad(exact)(logits), np.float64)) / (se + 1e-7)
     assert z.max() < 4.5
+
+
+@pytest.mark.parametrize("n_items", [1, 7, 31, 32, 33, 100, 511, 512, 1000])
+def test_search_counts_entries_at_or_below_the_target(n_items):
+    table = jnp.sort(jax.random.uniform(make_key(n_items), (3, n_items)), axis=-1)
+    table = table.at[:, n_items // 2:].set(table[:, n_items // 2:n_items // 2 + 1])  # ties
+    targets = jnp.concatenate([jax.random.uniform(make_key(1), (5, 3)) * 1.1 - 0.05,
+                               table[None, :, 0], table[None, :, n_items // 2], table[None, :, -1]])
+    want = np.sum(np.asarray(table)[None] <= np.asarray(targets)[..., None], axis=-1)
+    np.testing.assert_array_equal(ps._search(table, targets), want)
