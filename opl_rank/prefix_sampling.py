@@ -37,8 +37,9 @@ _NEG_INF = -jnp.inf
 # The prefix sampler pays O(D) per row plus O(N K^2 log D) per row's samples; the Gumbel
 # sampler O(N D) random numbers and O(N K D) selection, and its log-probabilities N x D
 # normalisers. Sampling plus the log-probabilities' gradient, measured on the 2-core
-# machine (docs/performance.md §13): the table is 1.2-2.7x faster from D = 16 for K <= 5,
-# 4-17x at D >= 100; at D <= 12 the gain is small and long prefixes compile slowly.
+# machine (docs/performance.md §13): the table is 1.1-4x faster at D = 16 for K <= 5,
+# 3-8x at D = 100 and 9-16x at D = 1000; at D = 8 the gain is small or none, and long
+# prefixes (K = 10) gain little and compile slowly.
 _PREFIX_MIN_ITEMS = 16
 _PREFIX_MAX_SLOTS = 5
 
@@ -134,8 +135,6 @@ def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
     ``cumulative`` ``[.., D]`` non-decreasing, ``target`` ``[N, ..]``; int32 ``[N, ..]``.
     """
     n_items = cumulative.shape[-1]
-    flat = cumulative.reshape(-1)
-    row = (jnp.arange(flat.shape[0] // n_items, dtype=jnp.int32) * n_items).reshape((1,) + cumulative.shape[:-1])
     pos = jnp.zeros(target.shape, jnp.int32)
     step = 1 << (n_items.bit_length() - 1)
     coarse = 8 if n_items < 512 else 32  # measured best at D = 100 and D = 1000 (§13)
@@ -148,7 +147,7 @@ def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
     while step:
         cand = pos + step
         ok = cand <= n_items
-        below = jnp.take(flat, row + jnp.minimum(cand, n_items) - 1) <= target
+        below = _gather_rows(cumulative, (jnp.minimum(cand, n_items) - 1)[..., None])[..., 0] <= target
         pos = jnp.where(ok & below, cand, pos)
         step >>= 1
     return pos
@@ -201,9 +200,10 @@ def sample_prefixes(
 
     shape = (n_samples,) + logits.shape[:-1]
     uniforms = _materialised(jax.random.uniform(key, shape + (n_slots, 2), dtype=jnp.float32))
-    # Each placed tail item's (cumulative weight, weight), read once when it is drawn.
     slot_ids = jnp.arange(n_slots, dtype=jnp.int32).reshape((1,) * len(shape) + (n_slots,))
-    placed, placed_q, placed_w = [], [], []  # per earlier slot, [N, ..]; q = w = 0 for head items
+    # Per earlier slot, [N, ..]: the item, and a placed tail item's cumulative weight and
+    # weight, read once when it is drawn (0 for head items).
+    placed, placed_q, placed_w = [], [], []
     head_left = jnp.ones(shape + (n_slots,), bool)
     for slot in range(n_slots):
         removed_total = sum(placed_w, jnp.zeros(shape, jnp.float32))
