@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from opl_rank import prefix_sampling
 from opl_rank.plackett_luce import cumsum_slots, placement_log_probs, sample_rankings, slot_log_probs, valid_items
 
 __all__ = [
@@ -549,11 +550,17 @@ def sampled_slot_marginals(
     rankings = rankings.astype(jnp.int32)
     n_slots = rankings.shape[-1]
     valid = valid_items(logits, where)
-    samples = sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)  # [N, .., L]
     shape = (n_samples,) + logits.shape
     many = jnp.broadcast_to(logits, shape)
-    many_where = None if where is None else jnp.broadcast_to(where, shape)
-    slot_lp = slot_log_probs(many, samples, where=many_where)  # [N, .., L] log pi(y_l | y_{1:l-1})
+    if prefix_sampling.prefix_sampler(logits.shape[-1], n_slots) == "inverse_cdf":
+        # Short rankings of many items: one inverse-CDF table and shared normalisers per row
+        # (docs/maths.md §1.6); the same distribution as the Gumbel draw below.
+        samples = prefix_sampling.sample_prefixes(key, sg(logits), n_slots, n_samples, where=where)
+        slot_lp = prefix_sampling.shared_slot_log_probs(logits, samples, where=where)
+    else:
+        samples = sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)  # [N, .., L]
+        many_where = None if where is None else jnp.broadcast_to(where, shape)
+        slot_lp = slot_log_probs(many, samples, where=many_where)  # [N, .., L] log pi(y_l | y_{1:l-1})
     sampled_valid = jnp.take_along_axis(jnp.broadcast_to(valid, shape), samples, axis=-1)
     sampled_logit = jnp.where(sampled_valid, jnp.take_along_axis(many, samples, axis=-1), 0.0)
     ranked_valid = jnp.take_along_axis(valid, rankings, axis=-1)
