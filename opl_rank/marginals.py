@@ -48,7 +48,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank import prefix_sampling
-from opl_rank.plackett_luce import cumsum_slots, placement_log_probs, sample_rankings, slot_log_probs, valid_items
+from opl_rank.plackett_luce import (
+    cumsum_slots,
+    mean_samples,
+    placement_log_probs,
+    sample_rankings,
+    slot_log_probs,
+    sum_samples,
+    tile_samples,
+    valid_items,
+)
 
 __all__ = [
     "PositionMarginals",
@@ -100,11 +109,11 @@ def estimate_position_marginals(
     """
     samples = sample_rankings(key, logits, n_slots, where=where, n_samples=n_samples)
     log_place = placement_log_probs(
-        jnp.broadcast_to(logits, (n_samples,) + logits.shape),
+        tile_samples(logits, n_samples),
         samples,
         where=None if where is None else jnp.broadcast_to(where, (n_samples,) + where.shape),
     )
-    return jnp.mean(jnp.exp(log_place), axis=0)
+    return mean_samples(jnp.exp(log_place))
 
 
 # Quadrature in log(v) for the exponential-race integral; the integrand
@@ -551,7 +560,7 @@ def sampled_slot_marginals(
     n_slots = rankings.shape[-1]
     valid = valid_items(logits, where)
     shape = (n_samples,) + logits.shape
-    many = jnp.broadcast_to(logits, shape)
+    many = tile_samples(logits, n_samples)
     if prefix_sampling.prefix_sampler(logits.shape[-1], n_slots) == "inverse_cdf":
         # Short rankings of many items: one inverse-CDF table and shared normalisers per row
         # (docs/maths.md §1.6); the same distribution as the Gumbel draw below.
@@ -574,9 +583,9 @@ def sampled_slot_marginals(
     log_place = jnp.where(available, ranked_logit[None] - sampled_logit + slot_lp, -jnp.inf)
     place = jnp.exp(jnp.minimum(log_place, 0.0))  # [N, .., L]
     before = cumsum_slots(slot_lp) - slot_lp  # log pi(y_{1:l-1})
-    b = (jnp.sum(place, axis=0, keepdims=True) - place) / (n_samples - 1) if baseline else 0.0
+    b = (sum_samples(place)[None] - place) / (n_samples - 1) if baseline else 0.0
     score = sg(place - b) * (before - sg(before))  # value 0, gradient (place - b) grad log pi(y_{1:l-1})
-    return jnp.mean(place + score, axis=0)
+    return mean_samples(place + score)
 
 
 # Cost per row of the logged items' own-slot marginals, in multiply-add equivalents of one

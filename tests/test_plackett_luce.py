@@ -197,3 +197,19 @@ def test_all_rankings_enumerates_l_permutations():
         pl.all_rankings(30, 10)
     with pytest.raises(ValueError, match="n_slots"):
         pl.all_rankings(3, 4)
+
+
+# -- sums over the sample axis ---------------------------------------------------------------
+@pytest.mark.parametrize("n_samples", [1, 2, 8, 65])  # 65: past the unrolled chain
+def test_sample_axis_sums_and_tiling_match_jnp(key, n_samples):
+    x = _logits(key, (n_samples, 3, 7))
+    np.testing.assert_allclose(pl.sum_samples(x), jnp.sum(x, axis=0), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pl.mean_samples(x), jnp.mean(x, axis=0), rtol=1e-6, atol=1e-7)
+    w = _logits(jax.random.fold_in(key, 1), (3, 7))
+    weight = _logits(jax.random.fold_in(key, 2), (n_samples, 3, 7))
+    tiled = pl.tile_samples(w, n_samples)
+    assert tiled.shape == (n_samples, 3, 7)
+    np.testing.assert_array_equal(tiled, jnp.broadcast_to(w, tiled.shape))
+    want = jax.grad(lambda v: jnp.sum(jnp.sin(jnp.broadcast_to(v, tiled.shape)) * weight))(w)
+    got = jax.grad(lambda v: jnp.sum(jnp.sin(pl.tile_samples(v, n_samples)) * weight))(w)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
