@@ -220,6 +220,13 @@ def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, 
                             baseline)
 
 
+def _at_ranked(per_item: jax.Array, rankings: jax.Array):
+    """``.at[]`` of ``per_item [N, .., D]`` (flattened to rows) at each row's ranked items
+    ``rankings [N, .., K]``: a scatter of ``N K`` entries per row, not a ``[.., K, D]`` one-hot."""
+    flat = per_item.reshape(-1, per_item.shape[-1])
+    return flat.at[jnp.arange(flat.shape[0])[:, None], rankings.reshape(-1, rankings.shape[-1])]
+
+
 def _marginalize_all_parts(logits, rel, theta, rankings, valid):
     """The marginalize-all quantities in ``O(D + K^2)`` per sample, without ``[N, .., K, D]``.
 
@@ -252,10 +259,7 @@ def _marginalize_all_parts(logits, rel, theta, rankings, valid):
     log_gain = (ranked[..., :, None] - ranked[..., None, :]) - factor[..., :, None] + factor[..., None, :]
     gain = jnp.where(lower, jnp.exp(jnp.minimum(jnp.where(lower, log_gain, 0.0), 0.0)), 0.0)  # [N, .., K(r), K(k)]
     prob = jnp.where(slot_valid, jnp.exp(factor), 0.0)
-    placed = jnp.zeros(shape, bool)
-    flat = placed.reshape(-1, shape[-1])
-    rows = jnp.arange(flat.shape[0])[:, None]
-    placed = flat.at[rows, rankings.reshape(-1, n_slots)].set(True).reshape(shape)
+    placed = _at_ranked(jnp.zeros(shape, bool), rankings).set(True).reshape(shape)
     never = where & ~placed
     last = n_slots - 1
     log_rest = (many - ranked[..., last:]) + factor[..., last:]
@@ -306,9 +310,7 @@ def _marginalize_all_bwd(baseline, residuals, g):
     a_sum = jnp.sum(gain[..., -1, :] * th, axis=-1, keepdims=True)  # [N, .., 1]
     b_sum = jnp.sum(gain[..., -1, :] * (th * expected + after), axis=-1, keepdims=True)
     per_item = rest * (rel[None] * a_sum - b_sum)
-    flat = per_item.reshape(-1, per_item.shape[-1])
-    rows = jnp.arange(flat.shape[0])[:, None]
-    per_item = flat.at[rows, rankings.reshape(-1, n_slots)].add(on_ranked.reshape(-1, n_slots)).reshape(per_item.shape)
+    per_item = _at_ranked(per_item, rankings).add(on_ranked.reshape(-1, n_slots)).reshape(per_item.shape)
     d_logits = g[..., None] * pl.mean_samples(per_item)
     # position_weight: the surrogate's sum_d (rho_d - b) (pi + pi log pi(y_{1:k-1})) per slot
     d_theta = jnp.sum(g[None, ..., None] * advantage * (1.0 + before), axis=tuple(range(advantage.ndim - 1))) / n_samples
