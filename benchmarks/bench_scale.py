@@ -7,6 +7,7 @@ Usage (from the repository root)::
     python benchmarks/bench_scale.py --quick --methods ips,rpod1   # smoke test (seconds)
     python benchmarks/bench_scale.py --sizes medium --max-n 2000    # check a size works, tiny n
     python benchmarks/bench_scale.py --sizes medium --n-samples 2  # fewer sampled rankings per row
+    python benchmarks/bench_scale.py --sizes medium --methods ips,iips --slot-marginals insertion
 
 Sizes (D items, L slots, n logged rows):
 
@@ -71,13 +72,13 @@ QUICK_SIZES = [(6, 3, 2_000, None)]
 METHODS = ("dm", "ips", "snips", "dr", "iips", "rips", "regression", "rpod1", "rpod2", "rpod3")
 
 
-def _learner(method: str, epochs: int, batch_size: int, devices, n_samples: int = 8):
+def _learner(method: str, epochs: int, batch_size: int, devices, n_samples: int = 8, slot_marginals: str = "auto"):
     from opl_rank.learners import LearnerConfig
     from opl_rank.optimization import TrainConfig
 
     k = int(method[4:]) if method.startswith("rpod") else None
     return LearnerConfig(
-        "rpod" if k is not None else method, k=k, n_samples=n_samples,
+        "rpod" if k is not None else method, k=k, n_samples=n_samples, slot_marginals=slot_marginals,
         train=TrainConfig(epochs=epochs, batch_size=batch_size, learning_rate=0.05, devices=devices),
         reward_train=TrainConfig(epochs=epochs, batch_size=batch_size, learning_rate=0.02, devices=devices),
     )
@@ -118,7 +119,8 @@ def run_one(spec: dict) -> dict:
     out = {"D": D, "L": L, "n": n, "method": method, "position_marginals": marginals,
            "simulate_s": sim_warm, "simulate_compile_s": max(sim_cold - sim_warm, 0.0)}
 
-    one, more = (_learner(method, e, spec["batch_size"], devices, spec.get("n_samples", 8)) for e in (1, epochs + 1))
+    one, more = (_learner(method, e, spec["batch_size"], devices, spec.get("n_samples", 8), spec.get("slot_marginals", "auto"))
+                 for e in (1, epochs + 1))
     repeats = range(spec["repeats"])
     cold_1 = _seconds(lambda: _ready(fit(data, make_key(3), one)))
     warm_1 = min(_seconds(lambda: _ready(fit(data, make_key(4 + r), one))) for r in repeats)
@@ -274,6 +276,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="E: per-epoch time from fits with 1 and E+1 epochs")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--n-samples", type=int, default=8, help="LearnerConfig.n_samples (sampled rankings per row)")
+    parser.add_argument("--slot-marginals", default="auto", choices=["auto", "exact", "sampled", "insertion"],
+                        help="LearnerConfig.slot_marginals (how IIPS gets the policy's slot marginals)")
     parser.add_argument("--quick", action="store_true", help="one tiny size (D=6, L=3, n=2000): a smoke test")
     parser.add_argument("--device", action="store_true", help="data parallel over every visible device (GPU/TPU)")
     parser.add_argument("--max-n", type=int, default=None, help="cap every size's n (to check a size runs)")
@@ -310,7 +314,8 @@ def main() -> None:
             if only is not None and method not in only:
                 continue
             spec = {"D": D, "L": L, "n": n, "method": method, "epochs": 1 if args.quick else args.epochs,
-                    "batch_size": args.batch_size, "n_samples": args.n_samples, "device": args.device, "repeats": max(args.repeats, 1),
+                    "batch_size": args.batch_size, "n_samples": args.n_samples, "slot_marginals": args.slot_marginals,
+                    "device": args.device, "repeats": max(args.repeats, 1),
                     "naive_rows": min(args.naive_rows, 256 if args.quick else args.naive_rows)}
             row = run_child(spec, args.timeout)
             if "ips_flops_per_row" in row and row["rows_per_s"] is not None:
@@ -334,7 +339,8 @@ def main() -> None:
             print(line, flush=True)
     summary = {
         "bench": "scale", "quick": args.quick, "sizes": "quick" if args.quick else args.sizes, "methods": methods,
-        "epochs": 1 if args.quick else args.epochs, "batch_size": args.batch_size, "n_samples": args.n_samples, "device": args.device,
+        "epochs": 1 if args.quick else args.epochs, "batch_size": args.batch_size, "n_samples": args.n_samples,
+        "slot_marginals": args.slot_marginals, "device": args.device,
         "devices": devices, "matmul_gflops": round(gflops, 2), "results": results,
         "total_seconds": round(time.perf_counter() - start, 1), **environment(),
     }

@@ -31,7 +31,9 @@ from opl_rank.marginals import (
     exact_position_marginals,
     exact_ranked_item_marginals,
     exact_slot_marginals,
+    insertion_slot_marginals,
     position_marginals,
+    sampled_slot_marginals,
 )
 from opl_rank.metrics import dcg_position_weights
 from opl_rank.ope import OPEResult, evaluate
@@ -121,7 +123,9 @@ __all__ = [
     "exact_position_marginals",
     "exact_ranked_item_marginals",
     "exact_slot_marginals",
+    "insertion_slot_marginals",
     "position_marginals",
+    "sampled_slot_marginals",
     # keys
     "make_key",
     "split_seed",

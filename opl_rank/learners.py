@@ -81,9 +81,15 @@ class LearnerConfig:
         marginals).
       slot_marginals: how estimators that read position marginals (iips) get the policy's
         marginals of the logged items: ``"exact"`` (quadrature), ``"sampled"``
-        (Rao-Blackwellised from ``n_samples`` rankings, unbiased in value and gradient) or
+        (Rao-Blackwellised from sampled prefixes, unbiased in value and gradient),
+        ``"insertion"`` (the logged item inserted into sampled orders of the other items:
+        also unbiased, with far less variance per sample; docs/performance.md §15) or
         ``"auto"``: chosen by cost (:func:`opl_rank.marginals.slot_marginal_method`: exact
-        for small D -- all D <= 10 with L <= 10 -- sampled from D = 16 at L = 10, 40 at L = 5).
+        for small D -- all D <= 10 with L <= 10 -- sampled prefixes from D = 16 at L = 10,
+        40 at L = 5).
+      slot_marginal_samples: sampled rankings per row for sampled slot marginals; None:
+        ``n_samples`` for ``"sampled"``, 2 for ``"insertion"`` (leave-one-out baselines; with
+        1 its baseline is the logged order).
       max_log_weight: clip on log importance weights (see the module docstring).
       train: optimisation of the policy.
       reward_train: optimisation of f_hat.
@@ -98,6 +104,7 @@ class LearnerConfig:
     item_feature_dim: int | None = None
     n_samples: int = 8
     slot_marginals: str = "auto"
+    slot_marginal_samples: int | None = None
     max_log_weight: float = 50.0
     train: TrainConfig = TrainConfig(epochs=30, batch_size=256, learning_rate=5e-2)
     reward_train: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2)
@@ -115,8 +122,13 @@ class LearnerConfig:
             raise ValueError(f"reward_model must be one of {REWARD_MODEL_KINDS}, got {self.reward_model!r}")
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise ValueError(f"n_samples must be an int >= 2 (leave-one-out baselines), got {self.n_samples!r}")
-        if self.slot_marginals not in ("auto", "exact", "sampled"):
-            raise ValueError(f"slot_marginals must be 'auto', 'exact' or 'sampled', got {self.slot_marginals!r}")
+        if self.slot_marginals not in ("auto", "exact", "sampled", "insertion"):
+            raise ValueError(f"slot_marginals must be 'auto', 'exact', 'sampled' or 'insertion', got {self.slot_marginals!r}")
+        if self.slot_marginal_samples is not None and (
+                not isinstance(self.slot_marginal_samples, int) or isinstance(self.slot_marginal_samples, bool)
+                or self.slot_marginal_samples < (1 if self.slot_marginals == "insertion" else 2)):
+            raise ValueError(f"slot_marginal_samples must be None or an int >= 1 ('insertion') / >= 2 ('sampled'), "
+                             f"got {self.slot_marginal_samples!r}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
         if self.item_feature_dim is not None and (not isinstance(self.item_feature_dim, int) or self.item_feature_dim < 1):
@@ -159,8 +171,12 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
     policy_module = make_scorer(data.n_items, config.policy_hidden, config.item_feature_dim)
     samples = 0
     if estimator is not None and opl_estimators.get(estimator).needs_position_marginals:
-        chosen = marginals.slot_marginal_method(data.n_items, k, config.n_samples, config.slot_marginals)
-        samples = config.n_samples if chosen == "sampled" else 0
+        chosen = config.slot_marginals
+        if chosen != "insertion":
+            chosen = marginals.slot_marginal_method(data.n_items, k, config.n_samples, config.slot_marginals)
+        if chosen != "exact":
+            default = 2 if chosen == "insertion" else config.n_samples
+            samples = default if config.slot_marginal_samples is None else config.slot_marginal_samples
     completion_order = module is not None and 0 < k < n_slots and base_kind(config.reward_model) == "additive"
     return _Plan(config, estimator, k, n_slots, module, policy_module, samples, completion_order)
 
@@ -177,7 +193,8 @@ def _surrogate(plan: _Plan) -> Callable:
 
     def loss(params, batch: LoggedData | tuple[LoggedData, dict], key, reward_params):
         batch, extras = batch if isinstance(batch, tuple) else (batch, {})
-        policy = PLPolicy(plan.policy_module, params, k, plan.slot_marginal_samples)
+        sampled_marginals = "insertion" if config.slot_marginals == "insertion" else "prefix"
+        policy = PLPolicy(plan.policy_module, params, k, plan.slot_marginal_samples, sampled_marginals)
         k_marginals = jax.random.fold_in(key, 1) if plan.slot_marginal_samples else None  # other keys unchanged
         target = policy.propensities(batch, k_marginals, slot_marginals=entry.needs_position_marginals)
         model = None

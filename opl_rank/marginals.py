@@ -54,6 +54,7 @@ from opl_rank.plackett_luce import (
     placement_log_probs,
     sample_rankings,
     slot_log_probs,
+    slot_log_probs_and_rest,
     sum_samples,
     tile_samples,
     valid_items,
@@ -66,6 +67,7 @@ __all__ = [
     "exact_position_marginals",
     "exact_ranked_item_marginals",
     "exact_slot_marginals",
+    "insertion_slot_marginals",
     "position_marginals",
     "sampled_slot_marginals",
     "slot_marginal_cost",
@@ -585,6 +587,115 @@ def sampled_slot_marginals(
     before = cumsum_slots(slot_lp) - slot_lp  # log pi(y_{1:l-1})
     b = (sum_samples(place)[None] - place) / (n_samples - 1) if baseline else 0.0
     score = sg(place - b) * (before - sg(before))  # value 0, gradient (place - b) grad log pi(y_{1:l-1})
+    return mean_samples(place + score)
+
+
+INSERTION_BASELINES = ("logged", "leave-one-out", "none")
+
+
+@functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
+def insertion_slot_marginals(
+    key: jax.Array,
+    logits: jax.Array,
+    rankings: jax.Array,
+    n_samples: int = 1,
+    *,
+    where: jax.Array | None = None,
+    baseline: str = "logged",
+) -> jax.Array:
+    """``P(a_l = rankings[.., l])`` estimated by inserting the item into the others' order.
+
+    Removing item ``a`` from a PL ranking leaves a PL ranking ``y'`` of the other items, and
+    given ``y'`` the slot of ``a`` is exact: ``P(a at l | y') = prod_{j<l} (1 - pi'_j) pi'_l``
+    with ``pi'_j = w_a / (Z'_j + w_a)``, ``Z'_j`` the weight of the others not in
+    ``y'_{1:j-1}`` (docs/maths.md §1.9, "Inserting the item"). One sampled ranking serves
+    every logged item: drop the item from it. Unbiased in value and gradient, exact at
+    ``l = 1``. The gradient's score term ``(P_hat - b) grad log pi_{-a}(y'_{1:l-1})`` takes as
+    baseline ``b``:
+
+    - ``"logged"`` (default): the same insertion into the *logged* ranking's order of the
+      others -- independent of the sample, so unbiased with ``N = 1``;
+    - ``"leave-one-out"``: the other samples' mean (``N >= 2``);
+    - ``"none"``.
+
+    At D = 100, L = 10 (docs/performance.md §15), ``N = 1`` with the logged baseline has
+    1/14 the value variance and 1/4 the gradient variance of
+    :func:`sampled_slot_marginals` with ``N = 8``, at less than half its cost. ``O(N (D +
+    L^2))`` per row: the sample's own normalisers ``Z_j`` (from logit differences, as
+    :func:`~opl_rank.plackett_luce.slot_log_probs`) give every ``Z'_j``.
+
+    Args:
+      key: PRNG key.
+      logits: ``[.., D]`` scores.
+      rankings: int ``[.., L]``.
+      n_samples: ``N`` sampled rankings per row.
+      where: optional bool ``[.., D]`` mask.
+      baseline: ``"logged"``, ``"leave-one-out"`` or ``"none"``.
+
+    Returns:
+      float32 ``[.., L]`` (a magic box), 0 at padding slots.
+    """
+    if baseline not in INSERTION_BASELINES:
+        raise ValueError(f"baseline must be one of {INSERTION_BASELINES}, got {baseline!r}")
+    if n_samples < (2 if baseline == "leave-one-out" else 1):
+        raise ValueError(f"n_samples must be >= {2 if baseline == 'leave-one-out' else 1} with baseline={baseline!r}, got {n_samples}")
+    sg = jax.lax.stop_gradient
+    neg = -jnp.inf
+    logits = logits.astype(jnp.float32)
+    rankings = rankings.astype(jnp.int32)
+    n_slots = rankings.shape[-1]
+    samples = sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)  # [N, .., L]
+    if baseline == "logged":  # the logged order goes through the same formula, as one more "sample"
+        samples = jnp.concatenate([samples, rankings[None]], axis=0)
+    n_orders = samples.shape[0]
+    shape = (n_orders,) + logits.shape
+    valid = valid_items(logits, where)
+    many = tile_samples(logits, n_orders)
+    sampled_valid = jnp.take_along_axis(jnp.broadcast_to(valid, shape), samples, axis=-1)
+    s_y = jnp.where(sampled_valid, jnp.take_along_axis(many, samples, axis=-1), 0.0)
+    # The sample's slot factors log(w_{y_j} / Z_j) and its outside weight log Z_L.
+    lp_y, log_out = slot_log_probs_and_rest(many, samples, where=None if where is None else jnp.broadcast_to(where, shape))
+    a_valid = jnp.take_along_axis(valid, rankings, axis=-1)
+    s_a = jnp.where(a_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)  # [.., L(l)]
+    slots = jnp.arange(n_slots, dtype=jnp.int32)
+    lead = lambda x: x.reshape((1,) * (samples.ndim + 1 - x.ndim) + x.shape)  # to [N, .., L, L]
+    # p: where the logged item a_l sits in each order ([N, .., L(l)]; L: not in its top L).
+    pos = jnp.min(jnp.where(samples[..., None, :] == rankings[None, ..., :, None], lead(slots), n_slots), axis=-1)
+    # q[.., l, j] = log(w_a / Z_j) for j = 0..L: logit differences first, then the slot factor.
+    q_ranked = (s_a[None, ..., :, None] - s_y[..., None, :]) + lp_y[..., None, :]
+    q_out = s_a[None] - jnp.where(jnp.isfinite(log_out), log_out, 0.0)[..., None]
+    q = jnp.concatenate([q_ranked, q_out[..., None]], axis=-1)  # [N, .., L(l), L + 1(j)]
+    stage_ok = jnp.concatenate([sampled_valid, jnp.isfinite(log_out)[..., None]], axis=-1)[..., None, :]
+    # Stage j < p still holds a: Z'_j + w_a = Z_j, pi'_j = e^{q_j}. From p on, a is out of the
+    # order: Z'_j = Z_{j+1}, pi'_j = sigmoid(q_{j+1}). One expm1 and one log per entry (XLA's
+    # CPU log1p is ~10x slower than log): before p, log(1 - pi') = log(-expm1(q)); after,
+    # softplus(q') = max(q', 0) + log(2 + expm1(-|q'|)).
+    before = pos[..., :, None] > lead(slots)  # [N, .., L(l), L(j)]
+    ok = jnp.where(before, stage_ok[..., :-1], stage_ok[..., 1:])
+    q_here = jnp.where(before & ok, jnp.minimum(q[..., :-1], -1e-37), -1.0)  # < 0 (the floor: rounding)
+    q_next = jnp.where(~before & ok, q[..., 1:], 0.0)
+    e = jnp.expm1(jnp.where(before, q_here, -jnp.abs(q_next)))
+    log_e = jnp.log(jnp.where(before, -e, e + 2.0))
+    softplus = jnp.maximum(q_next, 0.0) + log_e
+    skip = jnp.where(ok, jnp.where(before, log_e, -softplus), neg)  # log(1 - pi'_j)
+    chosen = jnp.where(ok, jnp.where(before, q_here, q_next - softplus), 0.0)  # log pi'_j
+    earlier = lead(slots[None, :] < slots[:, None])  # [l, j]: j < l
+    log_place = jnp.sum(jnp.where(earlier, skip, 0.0), axis=-1) + jnp.sum(
+        jnp.where(lead(slots[None, :] == slots[:, None]), chosen, 0.0), axis=-1)
+    # log pi_{-a}(y'_{1:l-1}) = sum_{j<l} log(w_{y'_j} / Z'_j): before p, the sample's factor over
+    # (1 - pi'_j); after, the next slot's factor.
+    lp_next = jnp.concatenate([lp_y[..., 1:], jnp.zeros_like(lp_y[..., :1])], axis=-1)
+    skip_finite = jnp.isfinite(skip)
+    lp_others = jnp.where(before, lp_y[..., None, :] - jnp.where(skip_finite, skip, 0.0), lp_next[..., None, :])
+    log_prefix = jnp.sum(jnp.where(earlier & skip_finite, lp_others, 0.0), axis=-1)
+    place = jnp.where(a_valid[None], jnp.exp(jnp.minimum(log_place, 0.0)), 0.0)  # [N(+1), .., L]
+    if baseline == "logged":
+        b, place, log_prefix = place[-1:], place[:-1], log_prefix[:-1]
+    elif baseline == "leave-one-out":
+        b = (sum_samples(place)[None] - place) / (n_samples - 1)
+    else:
+        b = 0.0
+    score = sg(place - b) * (log_prefix - sg(log_prefix))
     return mean_samples(place + score)
 
 

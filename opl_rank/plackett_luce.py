@@ -35,6 +35,7 @@ __all__ = [
     "safe_logsumexp",
     "sample_rankings",
     "slot_log_probs",
+    "slot_log_probs_and_rest",
     "prefix_log_probs",
     "placement_log_probs",
     "all_rankings",
@@ -230,6 +231,14 @@ def slot_log_probs(
       float32 ``[.., L]``, ``<= 0``; 0 at padding slots (an invalid item after every valid
       one is placed), ``-inf`` where an invalid item is ranked while a valid one remains.
     """
+    return slot_log_probs_and_rest(logits, rankings, where=where)[0]
+
+
+def slot_log_probs_and_rest(
+    logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`slot_log_probs` and ``log sum_{d never ranked} e^{s_d}`` (``[..]``, ``-inf``
+    when every valid item is ranked), which it computes on the way."""
     logits = logits.astype(jnp.float32)
     rankings = rankings.astype(jnp.int32)
     valid = valid_items(logits, where)
@@ -256,7 +265,8 @@ def slot_log_probs(
     placed = slot_valid.astype(jnp.int32)
     padding = cumsum_slots(placed) - placed >= jnp.sum(valid.astype(jnp.int32), axis=-1, keepdims=True)
     invalid = jnp.where(padding, 0.0, _NEG_INF)
-    return jnp.where(slot_valid, jnp.minimum(-jnp.where(slot_valid, log_z_minus_s, 0.0), 0.0), invalid)
+    slot_lp = jnp.where(slot_valid, jnp.minimum(-jnp.where(slot_valid, log_z_minus_s, 0.0), 0.0), invalid)
+    return slot_lp, jnp.where(has_rest[..., 0], rest_max_safe[..., 0] + rest_log_sum[..., 0], _NEG_INF)
 
 
 def prefix_log_probs(

@@ -66,7 +66,7 @@ def _pytree(data_fields: list[str], meta_fields: list[str]):
     return functools.partial(jax.tree_util.register_dataclass, data_fields=data_fields, meta_fields=meta_fields)
 
 
-@_pytree(["params"], ["module", "n_slots", "slot_marginal_samples"])
+@_pytree(["params"], ["module", "n_slots", "slot_marginal_samples", "slot_marginal_estimator"])
 @dataclasses.dataclass(frozen=True)
 class PLPolicy:
     """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, :mod:`opl_rank.scorers`).
@@ -80,12 +80,17 @@ class PLPolicy:
         gradient (:func:`~opl_rank.marginals.sampled_slot_marginals`; ``propensities``
         then needs a key). The learners choose by cost
         (:func:`~opl_rank.marginals.slot_marginal_method`).
+      slot_marginal_estimator: with samples, ``"prefix"`` (default; averages over sampled
+        prefixes) or ``"insertion"`` (the logged item inserted into the others' sampled
+        order, :func:`~opl_rank.marginals.insertion_slot_marginals`, with the logged order
+        as baseline at ``N = 1`` and leave-one-out baselines from ``N = 2``).
     """
 
     module: Any
     params: Any
     n_slots: int
     slot_marginal_samples: int = 0
+    slot_marginal_estimator: str = "prefix"
     deterministic = False
 
     def logits(self, context: jax.Array) -> jax.Array:
@@ -113,8 +118,15 @@ class PLPolicy:
         if slot_marginals and self.slot_marginal_samples:
             if key is None:
                 raise ValueError("sampled slot marginals (slot_marginal_samples > 0) need a PRNG key")
-            log_slot = _log_marginal(marginals.sampled_slot_marginals(
-                key, logits, ranking, self.slot_marginal_samples, where=data.item_mask))
+            n = self.slot_marginal_samples
+            if self.slot_marginal_estimator == "prefix":
+                estimate = marginals.sampled_slot_marginals(key, logits, ranking, n, where=data.item_mask)
+            elif self.slot_marginal_estimator == "insertion":
+                estimate = marginals.insertion_slot_marginals(
+                    key, logits, ranking, n, where=data.item_mask, baseline="logged" if n == 1 else "leave-one-out")
+            else:
+                raise ValueError(f"slot_marginal_estimator must be 'prefix' or 'insertion', got {self.slot_marginal_estimator!r}")
+            log_slot = _log_marginal(estimate)
         elif slot_marginals:
             log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
         return Propensities(log_prefix, log_slot)

@@ -190,6 +190,27 @@ def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
         LearnerConfig(method="iips", slot_marginals="magic")
 
 
+def test_iips_learns_with_the_insertion_estimate_of_its_slot_marginals():
+    """``slot_marginals="insertion"`` (the logged item inserted into the others' sampled
+    order) is used as asked, also where the exact quadrature would be chosen, and learns."""
+    from opl_rank.learners import _plan
+
+    env = SyntheticRankingEnv.create(make_key(72), n_items=60, ranking_length=5)
+    data = env.sample_logged_data(make_key(73), 2000, position_marginals="exact")
+    small = SyntheticRankingEnv.create(make_key(70), n_items=6, ranking_length=3).sample_logged_data(
+        make_key(71), 200, position_marginals="exact")
+    assert _plan(small, _config("iips", slot_marginals="insertion")).slot_marginal_samples == 2
+    assert _plan(small, _config("iips", slot_marginals="insertion", slot_marginal_samples=1)).slot_marginal_samples == 1
+    with pytest.raises(ValueError, match="slot_marginal_samples"):
+        _config("iips", slot_marginals="sampled", slot_marginal_samples=1)
+    policy = fit(data, make_key(74), _config("iips", slot_marginals="insertion", slot_marginal_samples=1))
+    v, v0 = env.policy_value(policy, make_key(75), 5000).value, env.logging_policy_value(make_key(75), 5000).value
+    assert v > v0
+    with pytest.raises(ValueError, match="slot_marginal_estimator"):
+        policy_kind = PLPolicy(policy.module, policy.params, 5, 1, "magic")
+        policy_kind.propensities(data.take(np.arange(4)), make_key(1), slot_marginals=True)
+
+
 def test_on_epoch_sees_every_epoch_and_changes_nothing(setting):
     _, data, _ = setting
     config = _config("rpod", k=1)
