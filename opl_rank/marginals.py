@@ -618,10 +618,11 @@ def insertion_slot_marginals(
     - ``"leave-one-out"``: the other samples' mean (``N >= 2``);
     - ``"none"``.
 
-    At D = 100, L = 10 (docs/performance.md §15), ``N = 1`` with the logged baseline has
-    1/14 the value variance and 1/4 the gradient variance of
-    :func:`sampled_slot_marginals` with ``N = 8``, at less than half its cost. ``O(N (D +
-    L^2))`` per row: the sample's own normalisers ``Z_j`` (from logit differences, as
+    At D = 100, L = 10 (docs/performance.md §15), against :func:`sampled_slot_marginals`
+    with ``N = 8``: ``N = 1`` with the logged baseline has 1/14 of the value variance and 1/4
+    of the gradient variance at 0.57x the time; ``N = 2`` with leave-one-out baselines 1/27
+    and 1/15 at 0.63x (and learned the better IIPS policies; the learners' choice). ``O(N (D
+    + L^2))`` per row: the sample's own normalisers ``Z_j`` (from logit differences, as
     :func:`~opl_rank.plackett_luce.slot_log_probs`) give every ``Z'_j``.
 
     Args:
