@@ -42,8 +42,7 @@ def one_batch(n_items: int, n_slots: int, rows: int, draws: int) -> list[dict]:
     def estimators(name, n):
         if name == "prefix":
             return lambda k, s: marginals.sampled_slot_marginals(k, s, rankings, n)
-        baseline = "logged" if n == 1 else "leave-one-out"
-        return lambda k, s: marginals.insertion_slot_marginals(k, s, rankings, n, baseline=baseline)
+        return lambda k, s: marginals.insertion_slot_marginals(k, s, rankings, n)  # baseline "auto"
 
     key = make_key(0)
     logits = 1.5 * jax.random.normal(jax.random.fold_in(key, 1), (rows, n_items))

@@ -590,7 +590,7 @@ def sampled_slot_marginals(
     return mean_samples(place + score)
 
 
-INSERTION_BASELINES = ("logged", "leave-one-out", "none")
+INSERTION_BASELINES = ("auto", "logged", "leave-one-out", "none")
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
@@ -601,7 +601,7 @@ def insertion_slot_marginals(
     n_samples: int = 1,
     *,
     where: jax.Array | None = None,
-    baseline: str = "logged",
+    baseline: str = "auto",
 ) -> jax.Array:
     """``P(a_l = rankings[.., l])`` estimated by inserting the item into the others' order.
 
@@ -613,10 +613,11 @@ def insertion_slot_marginals(
     ``l = 1``. The gradient's score term ``(P_hat - b) grad log pi_{-a}(y'_{1:l-1})`` takes as
     baseline ``b``:
 
-    - ``"logged"`` (default): the same insertion into the *logged* ranking's order of the
-      others -- independent of the sample, so unbiased with ``N = 1``;
+    - ``"logged"``: the same insertion into the *logged* ranking's order of the others --
+      independent of the sample, so unbiased with ``N = 1``;
     - ``"leave-one-out"``: the other samples' mean (``N >= 2``);
-    - ``"none"``.
+    - ``"none"``;
+    - ``"auto"`` (default): ``"logged"`` at ``N = 1``, ``"leave-one-out"`` from ``N = 2``.
 
     At D = 100, L = 10 (docs/performance.md §15), against :func:`sampled_slot_marginals`
     with ``N = 8``: ``N = 1`` with the logged baseline has 1/14 of the value variance and 1/4
@@ -631,13 +632,15 @@ def insertion_slot_marginals(
       rankings: int ``[.., L]``.
       n_samples: ``N`` sampled rankings per row.
       where: optional bool ``[.., D]`` mask.
-      baseline: ``"logged"``, ``"leave-one-out"`` or ``"none"``.
+      baseline: ``"auto"``, ``"logged"``, ``"leave-one-out"`` or ``"none"``.
 
     Returns:
       float32 ``[.., L]`` (a magic box), 0 at padding slots.
     """
     if baseline not in INSERTION_BASELINES:
         raise ValueError(f"baseline must be one of {INSERTION_BASELINES}, got {baseline!r}")
+    if baseline == "auto":
+        baseline = "logged" if n_samples == 1 else "leave-one-out"
     if n_samples < (2 if baseline == "leave-one-out" else 1):
         raise ValueError(f"n_samples must be >= {2 if baseline == 'leave-one-out' else 1} with baseline={baseline!r}, got {n_samples}")
     sg = jax.lax.stop_gradient

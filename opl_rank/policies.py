@@ -122,8 +122,7 @@ class PLPolicy:
             if self.slot_marginal_estimator == "prefix":
                 estimate = marginals.sampled_slot_marginals(key, logits, ranking, n, where=data.item_mask)
             elif self.slot_marginal_estimator == "insertion":
-                estimate = marginals.insertion_slot_marginals(
-                    key, logits, ranking, n, where=data.item_mask, baseline="logged" if n == 1 else "leave-one-out")
+                estimate = marginals.insertion_slot_marginals(key, logits, ranking, n, where=data.item_mask)
             else:
                 raise ValueError(f"slot_marginal_estimator must be 'prefix' or 'insertion', got {self.slot_marginal_estimator!r}")
             log_slot = _log_marginal(estimate)
