@@ -647,7 +647,7 @@ def insertion_slot_marginals(
     neg = -jnp.inf
     logits = logits.astype(jnp.float32)
     rankings = rankings.astype(jnp.int32)
-    n_slots = rankings.shape[-1]
+    batch, n_slots = rankings.shape[:-1], rankings.shape[-1]
     samples = sample_rankings(key, sg(logits), n_slots, where=where, n_samples=n_samples)  # [N, .., L]
     if baseline == "logged":  # the logged order goes through the same formula, as one more "sample"
         samples = jnp.concatenate([samples, rankings[None]], axis=0)
@@ -661,38 +661,44 @@ def insertion_slot_marginals(
     lp_y, log_out = slot_log_probs_and_rest(many, samples, where=None if where is None else jnp.broadcast_to(where, shape))
     a_valid = jnp.take_along_axis(valid, rankings, axis=-1)
     s_a = jnp.where(a_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)  # [.., L(l)]
+    # From here on the rows are the last axis ([N, L(l), L(j), rows]): XLA on CPU vectorises
+    # along the minor axis, and the slot axes (10-11 long) vectorise badly (an IIPS step at
+    # D = 100, L = 10, 1024 rows: 14 against 17 ms; docs/performance.md §16).
+    rows = lambda x, lead: jnp.moveaxis(x.reshape(x.shape[:lead] + (-1, n_slots)), lead, -1)
+    samples, s_y, lp_y, sampled_valid = (rows(x, 1) for x in (samples, s_y, lp_y, sampled_valid))  # [N, L, R]
+    s_a, a_valid, logged = (rows(x, 0) for x in (s_a, a_valid, rankings))  # [L, R]
+    log_out = log_out.reshape(n_orders, 1, -1)  # [N, 1, R]
     slots = jnp.arange(n_slots, dtype=jnp.int32)
-    lead = lambda x: x.reshape((1,) * (samples.ndim + 1 - x.ndim) + x.shape)  # to [N, .., L, L]
-    # p: where the logged item a_l sits in each order ([N, .., L(l)]; L: not in its top L).
-    pos = jnp.min(jnp.where(samples[..., None, :] == rankings[None, ..., :, None], lead(slots), n_slots), axis=-1)
-    # q[.., l, j] = log(w_a / Z_j) for j = 0..L: logit differences first, then the slot factor.
-    q_ranked = (s_a[None, ..., :, None] - s_y[..., None, :]) + lp_y[..., None, :]
-    q_out = s_a[None] - jnp.where(jnp.isfinite(log_out), log_out, 0.0)[..., None]
-    q = jnp.concatenate([q_ranked, q_out[..., None]], axis=-1)  # [N, .., L(l), L + 1(j)]
-    stage_ok = jnp.concatenate([sampled_valid, jnp.isfinite(log_out)[..., None]], axis=-1)[..., None, :]
+    l_axis, j_axis = slots[None, :, None, None], slots[None, None, :, None]  # [1, L(l), 1, 1], [1, 1, L(j), 1]
+    # p: where the logged item a_l sits in each order ([N, L(l), R]; L: not in its top L).
+    pos = jnp.min(jnp.where(samples[:, None] == logged[None, :, None], j_axis, n_slots), axis=2)  # [N, L(l), R]
+    # q[l, j] = log(w_a / Z_j) for j = 0..L: logit differences first, then the slot factor.
+    q_ranked = (s_a[None, :, None] - s_y[:, None]) + lp_y[:, None]  # [N, L(l), L(j), R]
+    q_out = s_a[None] - jnp.where(jnp.isfinite(log_out), log_out, 0.0)  # [N, L(l), R]
+    q = jnp.concatenate([q_ranked, q_out[:, :, None]], axis=2)  # [N, L(l), L + 1(j), R]
+    stage_ok = jnp.concatenate([sampled_valid, jnp.isfinite(log_out)], axis=1)[:, None]  # [N, 1, L + 1, R]
     # Stage j < p still holds a: Z'_j + w_a = Z_j, pi'_j = e^{q_j}. From p on, a is out of the
     # order: Z'_j = Z_{j+1}, pi'_j = sigmoid(q_{j+1}). One expm1 and one log per entry (XLA's
     # CPU log1p is ~10x slower than log): before p, log(1 - pi') = log(-expm1(q)); after,
     # softplus(q') = max(q', 0) + log(2 + expm1(-|q'|)).
-    before = pos[..., :, None] > lead(slots)  # [N, .., L(l), L(j)]
-    ok = jnp.where(before, stage_ok[..., :-1], stage_ok[..., 1:])
-    q_here = jnp.where(before & ok, jnp.minimum(q[..., :-1], -1e-37), -1.0)  # < 0 (the floor: rounding)
-    q_next = jnp.where(~before & ok, q[..., 1:], 0.0)
+    before = pos[:, :, None] > j_axis  # [N, L(l), L(j), R]
+    ok = jnp.where(before, stage_ok[:, :, :-1], stage_ok[:, :, 1:])
+    q_here = jnp.where(before & ok, jnp.minimum(q[:, :, :-1], -1e-37), -1.0)  # < 0 (the floor: rounding)
+    q_next = jnp.where(~before & ok, q[:, :, 1:], 0.0)
     e = jnp.expm1(jnp.where(before, q_here, -jnp.abs(q_next)))
     log_e = jnp.log(jnp.where(before, -e, e + 2.0))
     softplus = jnp.maximum(q_next, 0.0) + log_e
     skip = jnp.where(ok, jnp.where(before, log_e, -softplus), neg)  # log(1 - pi'_j)
     chosen = jnp.where(ok, jnp.where(before, q_here, q_next - softplus), 0.0)  # log pi'_j
-    earlier = lead(slots[None, :] < slots[:, None])  # [l, j]: j < l
-    log_place = jnp.sum(jnp.where(earlier, skip, 0.0), axis=-1) + jnp.sum(
-        jnp.where(lead(slots[None, :] == slots[:, None]), chosen, 0.0), axis=-1)
+    earlier = j_axis < l_axis  # [1, L(l), L(j), 1]: j < l
+    log_place = jnp.sum(jnp.where(earlier, skip, 0.0), axis=2) + jnp.sum(jnp.where(j_axis == l_axis, chosen, 0.0), axis=2)
     # log pi_{-a}(y'_{1:l-1}) = sum_{j<l} log(w_{y'_j} / Z'_j): before p, the sample's factor over
     # (1 - pi'_j); after, the next slot's factor.
-    lp_next = jnp.concatenate([lp_y[..., 1:], jnp.zeros_like(lp_y[..., :1])], axis=-1)
+    lp_next = jnp.concatenate([lp_y[:, 1:], jnp.zeros_like(lp_y[:, :1])], axis=1)
     skip_finite = jnp.isfinite(skip)
-    lp_others = jnp.where(before, lp_y[..., None, :] - jnp.where(skip_finite, skip, 0.0), lp_next[..., None, :])
-    log_prefix = jnp.sum(jnp.where(earlier & skip_finite, lp_others, 0.0), axis=-1)
-    place = jnp.where(a_valid[None], jnp.exp(jnp.minimum(log_place, 0.0)), 0.0)  # [N(+1), .., L]
+    lp_others = jnp.where(before, lp_y[:, None] - jnp.where(skip_finite, skip, 0.0), lp_next[:, None])
+    log_prefix = jnp.sum(jnp.where(earlier & skip_finite, lp_others, 0.0), axis=2)  # [N, L(l), R]
+    place = jnp.where(a_valid[None], jnp.exp(jnp.minimum(log_place, 0.0)), 0.0)
     if baseline == "logged":
         b, place, log_prefix = place[-1:], place[:-1], log_prefix[:-1]
     elif baseline == "leave-one-out":
@@ -700,7 +706,7 @@ def insertion_slot_marginals(
     else:
         b = 0.0
     score = sg(place - b) * (log_prefix - sg(log_prefix))
-    return mean_samples(place + score)
+    return jnp.moveaxis(mean_samples(place + score), -1, 0).reshape(batch + (n_slots,))
 
 
 # Cost per row of the logged items' own-slot marginals, in multiply-add equivalents of one
