@@ -96,7 +96,7 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
         return LearnerConfig(
             method, k=k, reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
             train=train, reward_train=reward, policy_hidden=sweep.policy_hidden, reward_hidden=sweep.reward_hidden,
-            item_feature_dim=item_feature_dim,
+            item_feature_dim=item_feature_dim, slot_marginals=sweep.slot_marginals or "auto",
         )
 
     done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}

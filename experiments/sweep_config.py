@@ -59,6 +59,8 @@ class OPLSweep:
     reward_learning_rate: float = 0.02
     batch_size: int = 256
     n_samples: int = 4
+    slot_marginals: str | None = None  # iips: the policy's slot marginals ("exact", "sampled", "insertion");
+    # None: the learners' "auto" (exact up to D ~ 10 at L = 10, sampled prefixes above)
     ope_estimator: str = "dr"  # rpod-ope: the estimator that picks k on held-out rounds
     ope_holdout: float = 0.3
     oracle_noise: tuple[float, ...] = (20.0, 10.0)  # rpod-oracle: Dmax = |V| / each value
@@ -120,6 +122,8 @@ class OPLSweep:
             raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
         if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
             raise ValueError(f"ks must be in [0, L], got {self.ks}")
+        if self.slot_marginals not in (None, "auto", "exact", "sampled", "insertion"):
+            raise ValueError(f"slot_marginals must be null, 'auto', 'exact', 'sampled' or 'insertion', got {self.slot_marginals!r}")
 
 
 def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:

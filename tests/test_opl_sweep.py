@@ -70,6 +70,7 @@ def test_grid_and_rows():
         (["--set", "seeds=0,0"], "seeds has duplicate values [0]"),
         (["--set", "lam=0.5,1.0,0.5"], "lam has duplicate values [0.5]"),
         (["--set", "logging_policy=greedy"], "logging_policy for synthetic must be one of ['pl', 'uniform'] or 'module:function'"),
+        (["--set", "slot_marginals=magic"], "slot_marginals must be null, 'auto', 'exact', 'sampled' or 'insertion'"),
     ],
 )
 def test_sweep_config_errors(extra, message, capsys):
@@ -143,6 +144,28 @@ def test_user_logging_policy_from_module_function(tmp_path, capsys):
     # A function returning the wrong shape fails the sweep with a message naming it.
     assert main(base + ["--set", "logging_policy=tests.user_logging:wrong_shape", "--set", f"output_dir={tmp_path / 'bad'}"]) == 2
     assert "logging policy 'wrong_shape' returned logits of shape" in capsys.readouterr().err
+
+
+def test_slot_marginals_reach_iips_and_leave_older_configs_hash(tmp_path, capsys):
+    from experiments.opl_sweep import resolved_config
+    from experiments.resume import config_hash
+
+    # A config written before the key existed hashes as one that leaves it unset (None).
+    config = resolved_config(OPLSweep())
+    assert config_hash(config) == config_hash({k: v for k, v in config.items() if k != "slot_marginals"})
+    values = {}
+    for choice in ("exact", "insertion"):
+        out = tmp_path / choice
+        args = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=iips", "--set", f"slot_marginals={choice}",
+                "--set", f"output_dir={out}", "--json"]
+        assert main(args) == 0
+        capsys.readouterr()
+        with open(out / "results.csv") as f:
+            (row,) = list(csv.DictReader(f))
+        values[choice] = float(row["V"])
+        assert f"slot_marginals: {choice}" in (out / "config.yaml").read_text()
+    # The same data, key and epochs: only the estimate of the slot marginals differs.
+    assert all(math.isfinite(v) for v in values.values()) and values["exact"] != values["insertion"]
 
 
 @pytest.mark.slow
