@@ -270,13 +270,15 @@ def run_child(spec: dict, timeout: float) -> dict:
 
 
 def main() -> None:
+    from opl_rank.learners import SLOT_MARGINALS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="small", choices=[*SIZES, "all"])
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {list(METHODS)}")
     parser.add_argument("--epochs", type=int, default=2, help="E: per-epoch time from fits with 1 and E+1 epochs")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--n-samples", type=int, default=8, help="LearnerConfig.n_samples (sampled rankings per row)")
-    parser.add_argument("--slot-marginals", default="auto", choices=["auto", "exact", "sampled", "insertion"],
+    parser.add_argument("--slot-marginals", default="auto", choices=SLOT_MARGINALS,
                         help="LearnerConfig.slot_marginals (how IIPS gets the policy's slot marginals)")
     parser.add_argument("--quick", action="store_true", help="one tiny size (D=6, L=3, n=2000): a smoke test")
     parser.add_argument("--device", action="store_true", help="data parallel over every visible device (GPU/TPU)")

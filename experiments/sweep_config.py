@@ -122,8 +122,10 @@ class OPLSweep:
             raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
         if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
             raise ValueError(f"ks must be in [0, L], got {self.ks}")
-        if self.slot_marginals not in (None, "auto", "exact", "sampled", "insertion"):
-            raise ValueError(f"slot_marginals must be null, 'auto', 'exact', 'sampled' or 'insertion', got {self.slot_marginals!r}")
+        from opl_rank.learners import SLOT_MARGINALS
+
+        if self.slot_marginals is not None and self.slot_marginals not in SLOT_MARGINALS:
+            raise ValueError(f"slot_marginals must be null or one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
 
 
 def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:

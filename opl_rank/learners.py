@@ -43,6 +43,7 @@ from opl_rank.scorers import make_scorer
 __all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
 
 MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
+SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot_marginals
 
 
 def learning_methods() -> tuple[str, ...]:
@@ -122,8 +123,8 @@ class LearnerConfig:
             raise ValueError(f"reward_model must be one of {REWARD_MODEL_KINDS}, got {self.reward_model!r}")
         if not isinstance(self.n_samples, int) or self.n_samples < 2:
             raise ValueError(f"n_samples must be an int >= 2 (leave-one-out baselines), got {self.n_samples!r}")
-        if self.slot_marginals not in ("auto", "exact", "sampled", "insertion"):
-            raise ValueError(f"slot_marginals must be 'auto', 'exact', 'sampled' or 'insertion', got {self.slot_marginals!r}")
+        if self.slot_marginals not in SLOT_MARGINALS:
+            raise ValueError(f"slot_marginals must be one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
         if self.slot_marginal_samples is not None and (
                 not isinstance(self.slot_marginal_samples, int) or isinstance(self.slot_marginal_samples, bool)
                 or self.slot_marginal_samples < (1 if self.slot_marginals == "insertion" else 2)):

@@ -214,6 +214,16 @@ def test_sampled_slot_marginals_unbiased_in_value_and_gradient(key, n_items, est
         assert np.all(np.abs(got.mean(0) - exact) <= 4.0 * se + 2e-6), np.abs(got.mean(0) - exact) / (se + 1e-12)
 
 
+def test_insertion_estimate_keeps_any_leading_batch_shape(key):
+    # The estimator flattens the rows internally; [2, 3] rows give the [6] rows' answer.
+    logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
+    rankings = jnp.argsort(-logits, axis=-1)[..., :4]
+    shaped = marginals.insertion_slot_marginals(key, logits, rankings, 2)
+    flat = marginals.insertion_slot_marginals(key, logits.reshape(6, 8), rankings.reshape(6, 4), 2)
+    assert shaped.shape == (2, 3, 4)
+    np.testing.assert_array_equal(np.asarray(shaped).reshape(6, 4), np.asarray(flat))
+
+
 def test_insertion_estimate_has_lower_variance_than_sampled_prefixes(key):
     """Inserting the logged item into the others' order conditions on more than a sampled
     prefix does: at D = 30, L = 6 one sample with the logged-order baseline has a lower

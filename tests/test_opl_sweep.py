@@ -70,7 +70,7 @@ def test_grid_and_rows():
         (["--set", "seeds=0,0"], "seeds has duplicate values [0]"),
         (["--set", "lam=0.5,1.0,0.5"], "lam has duplicate values [0.5]"),
         (["--set", "logging_policy=greedy"], "logging_policy for synthetic must be one of ['pl', 'uniform'] or 'module:function'"),
-        (["--set", "slot_marginals=magic"], "slot_marginals must be null, 'auto', 'exact', 'sampled' or 'insertion'"),
+        (["--set", "slot_marginals=magic"], "slot_marginals must be null or one of ('auto', 'exact', 'sampled', 'insertion')"),
     ],
 )
 def test_sweep_config_errors(extra, message, capsys):
