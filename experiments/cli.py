@@ -321,14 +321,13 @@ def _ltr(args: argparse.Namespace) -> dict[str, Any]:
 
 def _sweep(args: argparse.Namespace) -> dict[str, Any]:
     from experiments.config import parse_overrides
-    from experiments.executors import default_compilation_cache
     from experiments.opl_sweep import load_sweep, run_sweep
 
     sweep = load_sweep(args.config, parse_overrides(args.set))
-    cache = default_compilation_cache() if args.compilation_cache is None else args.compilation_cache
     return run_sweep(
         sweep, echo=_echo(args),
-        backend=args.backend, workers=args.workers, compilation_cache=cache or None, ray_address=args.ray_address,
+        backend=args.backend, workers=args.workers, compilation_cache=args.compilation_cache or None,
+        ray_address=args.ray_address,
         new_config=args.new_config, progress=not args.quiet,
     )
 
@@ -380,6 +379,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     silence_noise()
     try:
+        if args.command != "report":
+            # Every computing subcommand loads the kernels earlier runs compiled (docs/performance.md
+            # §17); sweep's --compilation-cache names the directory ('' turns it off), the others use
+            # $OPL_RANK_JAX_CACHE or ~/.cache/opl_rank/jax.
+            from opl_rank.compilation_cache import enable_compilation_cache
+
+            chosen = getattr(args, "compilation_cache", None)
+            args.compilation_cache = "" if chosen == "" else enable_compilation_cache(chosen) or ""
         if args.command == "simulate":
             summary = _simulate(args)
         elif args.command == "ltr":

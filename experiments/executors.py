@@ -28,26 +28,19 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["BACKENDS", "run_jobs", "default_compilation_cache", "exit_with_parent"]
+__all__ = ["BACKENDS", "run_jobs", "exit_with_parent"]
 
 BACKENDS = ("serial", "processes", "ray")
 _SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 _PARENT_POLL_SECONDS = 0.2
 
 
-def default_compilation_cache() -> str:
-    """``$OPL_RANK_JAX_CACHE`` or ``~/.cache/opl_rank/jax``."""
-    return os.environ.get("OPL_RANK_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "opl_rank", "jax"))
-
-
 def _enable_compilation_cache(cache_dir: str | None) -> None:
-    if not cache_dir:
-        return
-    import jax
+    if cache_dir:  # None or "": off (here None does not mean the default directory)
+        # Imported here: opl_rank imports JAX, and a spawned worker sets XLA_FLAGS first.
+        from opl_rank.compilation_cache import enable_compilation_cache
 
-    os.makedirs(cache_dir, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+        enable_compilation_cache(cache_dir)
 
 
 def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) -> threading.Thread:

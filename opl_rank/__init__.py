@@ -4,6 +4,7 @@
 """
 
 from opl_rank import (
+    compilation_cache,
     completion,
     exposure_losses,
     learners,
@@ -23,6 +24,7 @@ from opl_rank import (
     scorers,
     select_k as k_selection,
 )
+from opl_rank.compilation_cache import enable_compilation_cache
 from opl_rank.data import LoggedData, minibatches, train_val_split
 from opl_rank.learners import LearnerConfig, fit, fit_seeds, learning_methods
 from opl_rank.marginals import (
@@ -58,6 +60,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # modules
+    "compilation_cache",
     "completion",
     "exposure_losses",
     "k_selection",
@@ -129,4 +132,6 @@ __all__ = [
     # keys
     "make_key",
     "split_seed",
+    # JAX's persistent compilation cache
+    "enable_compilation_cache",
 ]
