@@ -20,9 +20,10 @@ import os
 __all__ = ["CACHE_ENV", "default_cache_dir", "enable_compilation_cache"]
 
 CACHE_ENV = "OPL_RANK_JAX_CACHE"
-# Compiles shorter than this are not written (JAX's own default is 1 s; most of this
-# library's kernels compile in 0.1-1 s, which is what adds up).
-MIN_COMPILE_SECONDS = 0.1
+# Compiles shorter than this are not written. JAX's default, 1 s, suits slow network file
+# systems; most of this library's kernels compile in well under a second, and on a local
+# disk writing them all costs nothing measurable (docs/performance.md §17).
+MIN_COMPILE_SECONDS = 0.0
 
 
 def default_cache_dir() -> str | None:
