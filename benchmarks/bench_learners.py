@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 from _timing import environment, seconds  # noqa: E402  (benchmarks/ is the script folder)
 
 from opl_rank import make_key  # noqa: E402
-from opl_rank import opl_estimators as oe  # noqa: E402
-from opl_rank.learners import LearnerConfig, fit  # noqa: E402
+from opl_rank.opl import estimators as oe  # noqa: E402
+from opl_rank.opl.learners import LearnerConfig, fit  # noqa: E402
 from opl_rank.optimization import TrainConfig  # noqa: E402
-from opl_rank.policies import PLPolicy  # noqa: E402
+from opl_rank.opl.policies import PLPolicy  # noqa: E402
 from opl_rank.scorers import ActionScorer  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 

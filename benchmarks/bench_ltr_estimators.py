@@ -9,7 +9,7 @@ Part 1: seconds per training epoch
 ----------------------------------
 ``train_ltr`` on the Yahoo sample (``lightgbm_yahoo_sample.txt``, min-max normalised,
 80/20 query split with seed 0) with the paper's MLP ``[1024, 512, 256]``, 128 queries per
-step, ``K = 10``, for every estimator of ``ltr_estimators.ESTIMATORS`` and
+step, ``K = 10``, for every estimator of ``gradients.GRADIENT_ESTIMATORS`` and
 ``N in {10, 100, 1000}`` sampled rankings per query. The figure is the median of the
 ``seconds`` records of epochs 2..E (epoch 1 includes JIT compilation; evaluation is not
 counted). The sample has only 141 training queries padded to 25 documents, so one epoch
@@ -69,9 +69,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script
 
-from opl_rank import ltr_estimators as le  # noqa: E402
+from opl_rank.pl import gradients as le  # noqa: E402
 from opl_rank import make_key  # noqa: E402
-from opl_rank.ltr_training import LTRConfig, train_ltr  # noqa: E402
+from opl_rank.ltr.training import LTRConfig, train_ltr  # noqa: E402
 from simulators import datasets  # noqa: E402
 from simulators.letor import load_letor, split_queries  # noqa: E402
 
@@ -386,7 +386,7 @@ def print_epochs(sizes: Sizes, epochs: dict[tuple[str, int], dict[str, float]], 
     )
     print(header)
     print("-" * len(header))
-    for name in le.ESTIMATORS:
+    for name in le.GRADIENT_ESTIMATORS:
         median = "".join(f"{epochs[(name, n)]['median']:>11.3f}s" for n in ns)
         first = "".join(f"{epochs[(name, n)]['first']:>12.1f}s" for n in ns)
         print(f"{name:<20}{median}{first}")
@@ -458,7 +458,7 @@ def main() -> None:
     kernel = kernel_part(sizes)
     train, valid = load_yahoo()
     epochs = {
-        (name, n): epoch_seconds(train, valid, sizes, name, n) for name in le.ESTIMATORS for n in sorted(sizes.epochs)
+        (name, n): epoch_seconds(train, valid, sizes, name, n) for name in le.GRADIENT_ESTIMATORS for n in sorted(sizes.epochs)
     }
     print_epochs(sizes, epochs, train.features.shape[0])
     print_kernel(sizes, kernel)

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     import jax
 
     import opl_rank
-    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.opl.learners import LearnerConfig, fit
     from opl_rank.optimization import TrainConfig
     from simulators import SyntheticRankingEnv
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_of, environment  # noqa: E402
 
 from opl_rank import make_key  # noqa: E402
-from opl_rank import plackett_luce as pl  # noqa: E402
-from opl_rank import prefix_sampling as ps  # noqa: E402
+from opl_rank.pl import plackett_luce as pl  # noqa: E402
+from opl_rank.pl import prefix_sampling as ps  # noqa: E402
 
 ROWS, N_SAMPLES, CALLS = 256, 8, 50
 

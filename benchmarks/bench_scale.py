@@ -16,7 +16,7 @@ Sizes (D items, L slots, n logged rows):
   large   (1000, 10, 1e5), and (1000, 10, 1e6) for ips, rips and rpod1 only
   all     every one of them
 
-Methods: every learner of ``opl_rank.learners.learning_methods()`` with its default
+Methods: every learner of ``opl_rank.opl.learners.learning_methods()`` with its default
 (additive) reward model -- dm, ips, snips, dr, iips, rips, regression -- and R-POD as
 rpod1, rpod2, rpod3 (k = 1..3). The environment is ``SyntheticRankingEnv`` with its
 defaults (dx = 5, lambda = 0.5, PL-linear logging policy, DCG weights); IIPS's data carry
@@ -73,7 +73,7 @@ METHODS = ("dm", "ips", "snips", "dr", "iips", "rips", "regression", "rpod1", "r
 
 
 def _learner(method: str, epochs: int, batch_size: int, devices, n_samples: int = 8, slot_marginals: str = "auto"):
-    from opl_rank.learners import LearnerConfig
+    from opl_rank.opl.learners import LearnerConfig
     from opl_rank.optimization import TrainConfig
 
     k = int(method[4:]) if method.startswith("rpod") else None
@@ -104,7 +104,7 @@ def run_one(spec: dict) -> dict:
     import jax
 
     from opl_rank import make_key
-    from opl_rank.learners import fit
+    from opl_rank.opl.learners import fit
     from simulators import SyntheticRankingEnv
 
     D, L, n, method, epochs = spec["D"], spec["L"], spec["n"], spec["method"], spec["epochs"]
@@ -149,7 +149,7 @@ def ips_flops(data, batch_size: int) -> dict:
     import optax
 
     from opl_rank import make_key
-    from opl_rank.learners import _plan, _surrogate
+    from opl_rank.opl.learners import _plan, _surrogate
 
     batch = min(batch_size, data.n_rounds)
     part = data.take(slice(0, batch))
@@ -182,7 +182,7 @@ def naive_ips(data, batch_size: int, rows: int) -> dict:
     import numpy as np
 
     from opl_rank import make_key
-    from opl_rank.learners import _plan, _surrogate
+    from opl_rank.opl.learners import _plan, _surrogate
 
     context = np.asarray(data.context, np.float64)
     ranking = np.asarray(data.ranking)
@@ -270,7 +270,7 @@ def run_child(spec: dict, timeout: float) -> dict:
 
 
 def main() -> None:
-    from opl_rank.learners import SLOT_MARGINALS
+    from opl_rank.opl.learners import SLOT_MARGINALS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="small", choices=[*SIZES, "all"])

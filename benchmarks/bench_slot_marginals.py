@@ -1,5 +1,5 @@
 """IIPS's slot marginals at large D: sampled prefixes against the item inserted into the
-others' order (``opl_rank.marginals.sampled_slot_marginals`` / ``insertion_slot_marginals``).
+others' order (``opl_rank.pl.marginals.sampled_slot_marginals`` / ``insertion_slot_marginals``).
 
 Usage (from the repository root)::
 
@@ -36,8 +36,10 @@ def one_batch(n_items: int, n_slots: int, rows: int, draws: int) -> list[dict]:
     import jax.numpy as jnp
     import numpy as np
 
-    from opl_rank import make_key, marginals
-    from opl_rank import plackett_luce as pl
+    from opl_rank import make_key
+
+    from opl_rank.pl import marginals
+    from opl_rank.pl import plackett_luce as pl
 
     def estimators(name, n):
         if name == "prefix":
@@ -71,7 +73,7 @@ def learning(n_items: int, n_slots: int, n_rows: int, epochs: int, seeds: int, n
     import numpy as np
 
     from opl_rank import make_key
-    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.opl.learners import LearnerConfig, fit
     from simulators import SyntheticRankingEnv
     from opl_rank.optimization import TrainConfig
 

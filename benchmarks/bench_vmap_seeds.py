@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain s
 from _timing import environment, seconds  # noqa: E402
 
 from opl_rank import prng  # noqa: E402
-from opl_rank.learners import LearnerConfig, fit, fit_seeds  # noqa: E402
+from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds  # noqa: E402
 from opl_rank.optimization import TrainConfig  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 

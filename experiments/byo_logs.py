@@ -1,7 +1,7 @@
 """``opl-rank fit / evaluate / rank``: learning from your own logs (docs/data_format.md).
 
   fit       logged rounds (.parquet, .csv, .npz) -> a saved policy directory
-            (``--k auto`` chooses R-POD's k by OPE on a hold-out split: opl_rank.select_k)
+            (``--k auto`` chooses R-POD's k by OPE on a hold-out split: opl_rank.opl.select_k)
   evaluate  a saved policy on logged rounds: the OPE table (value, SE, CI, ESS)
   rank      a saved policy on a table of contexts -> a table with a ``ranking`` column
 
@@ -54,7 +54,7 @@ def _positive(option: str, value: Any, kind: type = int) -> None:
 
 
 def _read_logs(path: str, option: str, n_items: int | None, alpha: list[float] | None) -> Any:
-    from opl_rank.tabular import read_logged_data
+    from opl_rank.io.tabular import read_logged_data
 
     with _option(option):
         return read_logged_data(path, n_items=n_items, alpha=alpha)
@@ -93,12 +93,12 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
          learning_rate: float | None = None, k_estimator: str = "dr", k_candidates: str | None = None,
          n_items: int | None = None,
          alpha: list[float] | None = None, seed: int = 0, step: Any = lambda label: None) -> dict[str, Any]:
-    from opl_rank import opl_estimators
-    from opl_rank.learners import LearnerConfig, fit, learning_methods, needs_position_marginals
-    from opl_rank.persistence import save_policy
+    from opl_rank.opl import estimators as opl_estimators
+    from opl_rank.opl.learners import LearnerConfig, fit, learning_methods, needs_position_marginals
+    from opl_rank.io.persistence import save_policy
     from opl_rank.prng import split_seed
-    from opl_rank.reward_models import REWARD_MODEL_KINDS
-    from opl_rank.select_k import select_k
+    from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
+    from opl_rank.opl.select_k import select_k
 
     methods = learning_methods()
     if method not in methods:
@@ -109,8 +109,8 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
         raise ValueError(f"--k is only for --method rpod (got --k {k} with --method {method})")
     if k_candidates is not None and not (method == "rpod" and (k is None or k.strip() == "auto")):
         raise ValueError("--k-candidates is only for --method rpod with --k auto")
-    if method == "rpod" and k_estimator not in opl_estimators.ESTIMATORS:
-        raise ValueError(f"--k-estimator must be one of {', '.join(sorted(opl_estimators.ESTIMATORS))}; got {k_estimator!r}")
+    if method == "rpod" and k_estimator not in opl_estimators.OPL_ESTIMATORS:
+        raise ValueError(f"--k-estimator must be one of {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}; got {k_estimator!r}")
     for option, value in (("--epochs", epochs), ("--reward-epochs", reward_epochs), ("--batch-size", batch_size),
                           ("--n-items", n_items)):
         _positive(option, value)
@@ -202,7 +202,7 @@ def _given(**values: Any) -> dict[str, Any]:
 
 
 def _load(policy_dir: str) -> tuple[Any, dict]:
-    from opl_rank.persistence import load_policy, read_policy_spec
+    from opl_rank.io.persistence import load_policy, read_policy_spec
 
     with _option("--policy"):
         spec = read_policy_spec(policy_dir)
@@ -215,11 +215,11 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
     """The OPE table of the saved policy ``policy`` on the logs ``data``."""
     import numpy as np
 
-    from opl_rank import ope, opl_estimators
+    from opl_rank.opl import ope, estimators as opl_estimators
     from opl_rank.optimization import TrainConfig
-    from opl_rank.persistence import check_context_dim
+    from opl_rank.io.persistence import check_context_dim
     from opl_rank.prng import split_seed
-    from opl_rank.reward_models import REWARD_MODEL_KINDS, base_kind, fit_reward_model
+    from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, base_kind, fit_reward_model
 
     if ci not in ("normal", "bootstrap"):
         raise ValueError(f"--ci must be 'normal' or 'bootstrap', got {ci!r}")
@@ -233,8 +233,8 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
         raise ValueError(f"--reward-model must be one of {', '.join(REWARD_MODEL_KINDS)}; got {reward_model!r}")
     if estimators is not None:
         for name in estimators:
-            if name not in opl_estimators.ESTIMATORS:
-                raise ValueError(f"--estimators: unknown estimator {name!r}; registered: {', '.join(sorted(opl_estimators.ESTIMATORS))}")
+            if name not in opl_estimators.OPL_ESTIMATORS:
+                raise ValueError(f"--estimators: unknown estimator {name!r}; registered: {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}")
     ranker, spec = _load(policy)
     # The policy's n_items is the default: a CSV or foreign Parquet file need not record it
     # (a file that records another value is an error naming both).
@@ -323,10 +323,10 @@ def run_rank(*, policy: str, contexts: str, out: str, sample: bool = False, seed
     import jax
     import numpy as np
 
-    from opl_rank.persistence import check_context_dim
-    from opl_rank.policies import greedy_rankings
+    from opl_rank.io.persistence import check_context_dim
+    from opl_rank.opl.policies import greedy_rankings
     from opl_rank.prng import make_key
-    from opl_rank.tabular import read_contexts, write_rankings
+    from opl_rank.io.tabular import read_contexts, write_rankings
 
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")

@@ -345,7 +345,7 @@ def _pairwise(args: argparse.Namespace) -> dict[str, Any]:
 
 def _report(args: argparse.Namespace) -> None:
     from experiments.report import load_rows, markdown_report
-    from opl_rank.atomic import atomic_write_text
+    from opl_rank.io.atomic import atomic_write_text
 
     rows = load_rows(args.results)  # a ValueError names a missing file or a table that is not a sweep's
     text = markdown_report(rows)

@@ -12,7 +12,7 @@ import yaml
 from experiments.config import build_with_training, load_yaml, resolve_path
 from experiments.progress import bar
 from experiments.tables import write_csv
-from opl_rank.ltr_training import LTRConfig
+from opl_rank.ltr.training import LTRConfig
 
 __all__ = ["LTRExperiment", "run_ltr"]
 
@@ -20,7 +20,7 @@ __all__ = ["LTRExperiment", "run_ltr"]
 @dataclasses.dataclass(frozen=True)
 class LTRExperiment:
     """An ``ltr`` config: data, split and output; the training keys (every
-    :class:`~opl_rank.ltr_training.LTRConfig` field) sit beside them, flat, in the YAML."""
+    :class:`~opl_rank.ltr.training.LTRConfig` field) sit beside them, flat, in the YAML."""
 
     data: str
     normalize: str | None = "minmax"
@@ -56,7 +56,9 @@ def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print, p
 
 
 def _run_ltr(experiment: LTRExperiment, echo: Callable[[str], None], epochs_bar: Any) -> dict[str, Any]:
-    from opl_rank import atomic, ltr_training, prng
+    from opl_rank import prng
+    from opl_rank.io import atomic
+    from opl_rank.ltr import training as ltr_training
     from simulators.letor import load_letor, split_queries
 
     epochs_bar.set_postfix_str(f"loading {os.path.basename(experiment.data)}")

@@ -67,7 +67,7 @@ def _check_memory(sweep: OPLSweep) -> None:
     bound: contexts of the synthetic environment's dx = 5; larger contexts are checked again
     when a cell simulates)."""
     from opl_rank import memory
-    from opl_rank.learners import needs_position_marginals
+    from opl_rank.opl.learners import needs_position_marginals
 
     marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
     together = len(sweep.seeds) if sweep.vmap_seeds else 1

@@ -36,8 +36,8 @@ from experiments.config import build_with_training, load_yaml, resolve_path
 from experiments.grid import as_lists, check_unique
 from experiments.resume import BadCell, open_run_folder, read_cell, write_cell
 from experiments.tables import write_tables
-from opl_rank.atomic import atomic_write_text
-from opl_rank.pairwise_training import PairwiseTrainConfig
+from opl_rank.io.atomic import atomic_write_text
+from opl_rank.ltr.pairwise_training import PairwiseTrainConfig
 
 __all__ = ["PairwiseExperiment", "load_pairwise", "run_pairwise", "cells", "check_rows", "VARIANTS", "METRICS"]
 
@@ -147,7 +147,7 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
 
     from experiments.progress import Steps
     from opl_rank import prng
-    from opl_rank.pairwise_training import train_pairwise_ranker
+    from opl_rank.ltr.pairwise_training import train_pairwise_ranker
     from simulators.clicks import ClickModel, simulate_click_logs
     from simulators.letor import split_queries
     from simulators.semi_synthetic import forest_relevance_scores

@@ -67,7 +67,7 @@ def _legend(fig, axes) -> None:
 
 
 def _save(fig, path: str) -> str:
-    from opl_rank.atomic import atomic_write
+    from opl_rank.io.atomic import atomic_write
 
     fig.tight_layout()
     # bbox_inches="tight": the figure grows to hold the legend outside the panels

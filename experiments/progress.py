@@ -128,7 +128,7 @@ class Steps:
         self.bar.set_postfix_str(f"{self.label}: {text}", refresh=False)
 
     def epochs(self, totals: dict[str, int]) -> Callable[[str, int, dict[str, float]], None] | None:
-        """An ``on_epoch`` for :func:`opl_rank.learners.fit`: shows ``policy epoch 3/30``
+        """An ``on_epoch`` for :func:`opl_rank.opl.learners.fit`: shows ``policy epoch 3/30``
         (``totals``: epochs per part, ``{"reward": 60, "policy": 30}``); None when the bar
         is off (no host callbacks at all)."""
         if self.bar.disable:

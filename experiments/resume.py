@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import yaml
 
 from experiments.folder_lock import folder_lock
-from opl_rank.atomic import atomic_write_text
+from opl_rank.io.atomic import atomic_write_text
 
 __all__ = ["CELL_FORMAT", "BadCell", "config_hash", "write_cell", "read_cell", "open_run_folder", "RunFolder"]
 

@@ -55,7 +55,7 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
 def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable[[str], None] | None = None,
               on_epoch: Callable[[str, int, dict[str, float]], None] | None = None) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed. Every method is fitted on all the
-    seeds' data sets at once (vmapped, :func:`opl_rank.learners.fit_seeds`) when
+    seeds' data sets at once (vmapped, :func:`opl_rank.opl.learners.fit_seeds`) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
 
     ``on_step(label)`` is called as each of the :func:`group_steps` steps starts, and
@@ -65,11 +65,11 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
     import numpy as np
 
     from opl_rank import prng
-    from opl_rank.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
+    from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
 
     import_plugins(sweep.plugins)  # a worker process has not imported them yet
     from opl_rank.optimization import TrainConfig
-    from opl_rank.select_k import select_k
+    from opl_rank.opl.select_k import select_k
 
     keys = [prng.split_seed(cell["seed"], 4) for cell in group]
     k_eval = [k[2] for k in keys]

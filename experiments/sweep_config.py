@@ -70,12 +70,12 @@ class OPLSweep:
     devices: int | str | None = None  # data parallel over devices: None (one), an int, or "all"
     output_dir: str = "results/opl_synthetic"
     plugins: tuple[str, ...] = ()  # modules imported first (and in every worker): they register
-    # estimators (opl_rank.opl_estimators.register) or environments (simulators.environments.register)
+    # estimators (opl_rank.opl.estimators.register) or environments (simulators.environments.register)
 
     def __post_init__(self) -> None:
         import_plugins(self.plugins)
-        from opl_rank.learners import learning_methods
-        from opl_rank.reward_models import REWARD_MODEL_KINDS
+        from opl_rank.opl.learners import learning_methods
+        from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
 
         for name in ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "reward_models"):
             if not getattr(self, name):
@@ -85,9 +85,9 @@ class OPLSweep:
         unknown = sorted(set(self.methods) - set(known))
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; known: {known}")
-        from opl_rank.opl_estimators import ESTIMATORS
+        from opl_rank.opl.estimators import OPL_ESTIMATORS
 
-        usable = [name for name, e in ESTIMATORS.items() if not e.needs_position_marginals]
+        usable = [name for name, e in OPL_ESTIMATORS.items() if not e.needs_position_marginals]
         if self.ope_estimator not in usable:
             raise ValueError(f"ope_estimator must be one of {usable}, got {self.ope_estimator!r}")
         if not 0.0 < self.ope_holdout < 1.0:
@@ -122,7 +122,7 @@ class OPLSweep:
             raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
         if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
             raise ValueError(f"ks must be in [0, L], got {self.ks}")
-        from opl_rank.learners import SLOT_MARGINALS
+        from opl_rank.opl.learners import SLOT_MARGINALS
 
         if self.slot_marginals is not None and self.slot_marginals not in SLOT_MARGINALS:
             raise ValueError(f"slot_marginals must be null or one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
@@ -153,7 +153,7 @@ def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
 def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:
     """(method, k, reward model) of every row of a cell. For ``rpod-oracle`` the middle
     entry is the noise divisor (its k is chosen in the cell); for ``rpod-ope`` it is None."""
-    from opl_rank.learners import needs_reward_model
+    from opl_rank.opl.learners import needs_reward_model
 
     rows: list[tuple[str, Any, str]] = []
     for method in sweep.methods:

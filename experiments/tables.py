@@ -14,7 +14,7 @@ import io
 import os
 from typing import Any, Callable, Sequence
 
-from opl_rank.atomic import atomic_write, atomic_write_text
+from opl_rank.io.atomic import atomic_write, atomic_write_text
 
 __all__ = ["columns_of", "write_csv", "write_parquet", "write_tables"]
 

@@ -100,8 +100,8 @@ if str(REPO_ROOT) not in sys.path:  # plain `python notebooks/...` without an in
 import jax
 
 from opl_rank import make_key
-from opl_rank.atomic import atomic_write, atomic_write_text
-from opl_rank.ltr_training import LTRConfig, train_ltr
+from opl_rank.io.atomic import atomic_write, atomic_write_text
+from opl_rank.ltr.training import LTRConfig, train_ltr
 from opl_rank.scorers import MLPScorer
 from simulators import datasets
 from simulators.letor import split_queries

@@ -18,8 +18,8 @@
 # rate off-policy from the Random logs, and compare it with BTS's own on-policy click rate
 # in the BTS logs -- with intervals, and with obp's estimate on the same data.
 #
-# Everything here comes from `opl_rank.interop.obd` (converter, BTS's action distribution,
-# the check) and `opl_rank.ope.evaluate`; docs/real_logs.md explains the choices.
+# Everything here comes from `opl_rank.io.obd` (converter, BTS's action distribution,
+# the check) and `opl_rank.opl.ope.evaluate`; docs/real_logs.md explains the choices.
 
 # %%
 import os
@@ -29,8 +29,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from opl_rank import make_key, ope
-from opl_rank.interop import obd
+from opl_rank import make_key
+
+from opl_rank.opl import ope
+from opl_rank.io import obd
 
 # Outputs go under the repository root (results/ is git-ignored), also when Jupyter runs this
 # notebook from notebooks/; an absolute OPL_RANK_NOTEBOOK_OUT is used as it is.

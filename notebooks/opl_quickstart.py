@@ -26,11 +26,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from opl_rank import enable_compilation_cache, make_key, ope
+from opl_rank import enable_compilation_cache, make_key
+
+from opl_rank.opl import ope
 from opl_rank.data import train_val_split
-from opl_rank.learners import LearnerConfig, fit
+from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
-from opl_rank.reward_models import fit_reward_model
+from opl_rank.opl.reward_models import fit_reward_model
 from simulators import SyntheticRankingEnv
 
 enable_compilation_cache()  # a rerun loads the compiled kernels (~/.cache/opl_rank/jax)

@@ -1,33 +1,30 @@
 """opl_rank: offline learning of ranking policies from logged bandit feedback.
 
+Layers, each importing only those before it: :mod:`opl_rank.pl` (Plackett-Luce maths,
+marginals, PL policy-gradient estimators); the shared core (:mod:`~opl_rank.data`,
+:mod:`~opl_rank.optimization`, :mod:`~opl_rank.scorers`, :mod:`~opl_rank.metrics`,
+:mod:`~opl_rank.prng`, :mod:`~opl_rank.tuning`); :mod:`opl_rank.opl` (off-policy learning
+and evaluation); :mod:`opl_rank.ltr` (learning to rank from labels and clicks);
+:mod:`opl_rank.io` (tables, saved policies, interop). The names below are the stable API.
+
 ``import opl_rank`` needs only jax, flax, optax and numpy.
 """
 
-from opl_rank import (
-    compilation_cache,
-    completion,
-    exposure_losses,
-    learners,
-    ltr_estimators,
-    marginals,
-    memory,
-    metrics,
-    ope,
-    opl_estimators,
-    optimization,
-    pairwise,
-    persistence,
-    plackett_luce,
-    policies,
-    prng,
-    reward_models,
-    scorers,
-    select_k as k_selection,
-)
+from opl_rank import _aliases
+from opl_rank._version import __version__
+from opl_rank import compilation_cache, memory, metrics, optimization, prng, scorers, tuning
+from opl_rank import io, ltr, opl, pl
+from opl_rank.io import persistence
+from opl_rank.ltr import exposure_losses, pairwise
+from opl_rank.opl import completion, learners, ope, policies, reward_models
+from opl_rank.opl import estimators as opl_estimators
+from opl_rank.opl import select_k as k_selection
+from opl_rank.pl import marginals, plackett_luce
+from opl_rank.pl import gradients as ltr_estimators
 from opl_rank.compilation_cache import enable_compilation_cache
 from opl_rank.data import LoggedData, minibatches, train_val_split
-from opl_rank.learners import LearnerConfig, fit, fit_seeds, learning_methods
-from opl_rank.marginals import (
+from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, learning_methods
+from opl_rank.pl.marginals import (
     PositionMarginals,
     estimate_position_marginals,
     exact_position_marginals,
@@ -38,10 +35,10 @@ from opl_rank.marginals import (
     sampled_slot_marginals,
 )
 from opl_rank.metrics import dcg_position_weights
-from opl_rank.ope import OPEResult, evaluate
-from opl_rank.opl_estimators import ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
+from opl_rank.opl.ope import OPEResult, evaluate
+from opl_rank.opl.estimators import OPL_ESTIMATORS as ESTIMATORS, OPL_ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
 from opl_rank.optimization import TrainConfig, minimize
-from opl_rank.plackett_luce import (
+from opl_rank.pl.plackett_luce import (
     all_rankings,
     enumerate_position_marginals,
     enumerate_ranking_probs,
@@ -50,15 +47,21 @@ from opl_rank.plackett_luce import (
     sample_rankings,
     slot_log_probs,
 )
-from opl_rank.persistence import load_policy, save_policy
-from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
+from opl_rank.io.persistence import load_policy, save_policy
+from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
 from opl_rank.prng import make_key, split_seed
-from opl_rank.reward_models import RewardModel, fit_reward_model
-from opl_rank.select_k import KSelection, select_k
+from opl_rank.opl.reward_models import RewardModel, fit_reward_model
+from opl_rank.opl.select_k import KSelection, select_k
 
-__version__ = "0.1.0"
+_aliases.install()
 
 __all__ = [
+    "__version__",
+    # layers
+    "io",
+    "ltr",
+    "opl",
+    "pl",
     # modules
     "compilation_cache",
     "completion",
@@ -78,6 +81,7 @@ __all__ = [
     "prng",
     "reward_models",
     "scorers",
+    "tuning",
     # data
     "LoggedData",
     "minibatches",
@@ -86,6 +90,7 @@ __all__ = [
     "dcg_position_weights",
     # estimators (one registry)
     "ESTIMATORS",
+    "OPL_ESTIMATORS",
     "Estimator",
     "ModelTerms",
     "Propensities",

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from opl_rank.atomic import atomic_write
+from opl_rank.io.atomic import atomic_write
 
 __all__ = ["LoggedData", "train_val_split", "minibatches"]
 
@@ -160,7 +160,7 @@ class LoggedData(struct.PyTreeNode):
         except ValueError as err:
             raise ValueError(f"{shown}: {err}") from err
 
-    # -- tables (pandas, Parquet, CSV; schema: docs/data_format.md, code: opl_rank.tabular) --
+    # -- tables (pandas, Parquet, CSV; schema: docs/data_format.md, code: opl_rank.io.tabular) --
     @classmethod
     def from_pandas(cls, frame: Any, *, n_items: int | None = None, alpha: Any = None) -> "LoggedData":
         """From a DataFrame with one row per round and list columns ``context``, ``ranking``,
@@ -179,14 +179,14 @@ class LoggedData(struct.PyTreeNode):
             ``(0, 1]``, and everything ``LoggedData`` itself rejects.
           ImportError: pandas or pyarrow is not installed.
         """
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         return tabular.from_pandas(frame, n_items=n_items, alpha=alpha)
 
     def to_pandas(self) -> Any:
         """A DataFrame in :meth:`from_pandas`'s schema (cells are NumPy arrays of the stored
         dtypes); ``n_items``, alpha and shared item features in ``frame.attrs["opl_rank"]``."""
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         return tabular.to_pandas(self)
 
@@ -199,13 +199,13 @@ class LoggedData(struct.PyTreeNode):
           FileNotFoundError: no such file.
           ValueError: naming the file (and the column and row), as :meth:`from_pandas`.
         """
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         return tabular.from_parquet(path, n_items=n_items, alpha=alpha)
 
     def to_parquet(self, path: str | os.PathLike) -> None:
         """Write a Parquet file atomically (reads back exactly with :meth:`from_parquet`)."""
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         tabular.to_parquet(self, path)
 
@@ -213,14 +213,14 @@ class LoggedData(struct.PyTreeNode):
     def from_csv(cls, path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> "LoggedData":
         """Read a CSV file: list cells as JSON (``"[0, 3, 1]"``) or space-separated (``0 3 1``);
         ``n_items`` / ``position_weight`` as arguments or constant columns."""
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         return tabular.from_csv(path, n_items=n_items, alpha=alpha)
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write a CSV file (JSON list cells, constant ``n_items`` / ``position_weight``
         columns) atomically; item features cannot be written (use :meth:`to_parquet`)."""
-        from opl_rank import tabular
+        from opl_rank.io import tabular
 
         tabular.to_csv(self, path)
 

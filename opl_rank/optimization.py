@@ -2,7 +2,7 @@
 
 :func:`train` is a pure function of arrays -- the whole run (epochs of shuffled fixed-size
 batches, optax steps, optional early stopping on a validation loss) is one ``lax.scan`` --
-so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds (:func:`opl_rank.learners.fit_seeds`).
+so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds (:func:`opl_rank.opl.learners.fit_seeds`).
 :func:`minimize` is its jit-compiled, checked entry point: compiled once per (loss function,
 optimiser, batch size, epochs, data shapes) and reused for new seeds, ``lambda`` values or
 reward-model parameters passed as ``aux``.

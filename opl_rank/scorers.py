@@ -2,7 +2,7 @@
 
 ``MLPScorer`` scores query-document feature vectors pointwise (LETOR-style candidates):
 ``[.., D, F] -> [.., D]``; ``ActionScorer`` and ``ItemFeatureScorer`` score a fixed action
-set from a context. The ranking policies of :mod:`opl_rank.policies` wrap these.
+set from a context. The ranking policies of :mod:`opl_rank.opl.policies` wrap these.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import plackett_luce as pl
 from opl_rank.data import LoggedData
 from simulators.rollout import PolicyValue
 

@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank import marginals, memory
-from opl_rank import plackett_luce as pl
-from opl_rank.policies import MIN_MARGINAL
+from opl_rank import memory
+
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
+from opl_rank.opl.policies import MIN_MARGINAL
 
 __all__ = [
     "RewardModel",

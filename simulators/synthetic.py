@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from opl_rank import completion
-from opl_rank import plackett_luce as pl
+from opl_rank.opl import completion
+from opl_rank.pl import plackett_luce as pl
 from opl_rank.data import LoggedData
 from opl_rank.metrics import dcg_position_weights
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
@@ -70,7 +70,7 @@ class InteractionRewards:
         exact by sorting: the L largest base rewards, the largest on the largest
         position weight (``"exact-sort"``, ``O(D)`` per context). Otherwise a beam search
         of width ``beam_width`` on the true q over all D items
-        (:func:`opl_rank.completion.best_rankings_beam`, ``O(B D L)`` per context; a lower
+        (:func:`opl_rank.opl.completion.best_rankings_beam`, ``O(B D L)`` per context; a lower
         bound on V*, reported as ``"beam"``).
 
         Args:

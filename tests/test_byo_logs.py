@@ -13,8 +13,8 @@ import pytest
 from experiments.cli import main
 from opl_rank import LoggedData, PLPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings, make_key
 from opl_rank.metrics import dcg_position_weights
-from opl_rank.persistence import load_policy, read_policy_spec, save_policy
-from opl_rank.reward_models import RewardModel, _SlotValues
+from opl_rank.io.persistence import load_policy, read_policy_spec, save_policy
+from opl_rank.opl.reward_models import RewardModel, _SlotValues
 from opl_rank.scorers import make_scorer
 
 D, L, N = 5, 3, 2000

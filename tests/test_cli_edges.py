@@ -215,7 +215,7 @@ def test_fit_epochs_show_in_the_step_bar():
     import io
 
     from opl_rank import make_key
-    from opl_rank.learners import LearnerConfig, fit
+    from opl_rank.opl.learners import LearnerConfig, fit
     from opl_rank.optimization import TrainConfig
     from simulators import SyntheticRankingEnv
 

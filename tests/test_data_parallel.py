@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     jax.config.update("jax_numpy_rank_promotion", "raise")
     jax.config.update("jax_numpy_dtype_promotion", "strict")
     from opl_rank import make_key
-    from opl_rank.learners import LearnerConfig, fit, fit_seeds
+    from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds
     from opl_rank.optimization import TrainConfig, data_mesh, make_optimizer, train_jit, _partitioner_for
     from simulators import SyntheticRankingEnv
 

@@ -13,7 +13,7 @@
   Commands are written with ``.venv/bin/`` (or after activating the venv), never a bare
   ``python``/``pip``.
 * Every dotted name of this repository's code cited there or in a ``*/README.md``
-  (``opl_rank.ope.evaluate``, ``simulators.datasets``, ...) exists.
+  (``opl_rank.opl.ope.evaluate``, ``simulators.datasets``, ...) exists.
 """
 
 from __future__ import annotations

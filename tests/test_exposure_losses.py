@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank.exposure_losses import (
+from opl_rank.ltr.exposure_losses import (
     frac_fair_loss,
     kl_distill_loss,
     kl_fair_loss,

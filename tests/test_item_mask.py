@@ -13,12 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import LoggedData, make_key, marginals, ope
-from opl_rank import plackett_luce as pl
-from opl_rank.learners import LearnerConfig, fit
+from opl_rank import LoggedData, make_key
+
+from opl_rank.pl import marginals
+
+from opl_rank.opl import ope
+from opl_rank.pl import plackett_luce as pl
+from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
-from opl_rank.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
-from opl_rank.reward_models import fit_reward_model
+from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl.reward_models import fit_reward_model
 
 D, L, M, N = 5, 2, 4, 20_000
 SUBSETS = np.array([[d in s for d in range(D)] for s in itertools.combinations(range(D), 3)])  # [10, D]

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.learners import LearnerConfig, fit, fit_seeds
-from opl_rank.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds
+from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.optimization import TrainConfig
+from opl_rank import tuning
 from simulators import SyntheticRankingEnv
 
 TRAIN = TrainConfig(epochs=15, batch_size=256, learning_rate=5e-2)
@@ -172,7 +173,7 @@ def test_fits_vmapped_over_seeds_need_equal_shapes(setting):
 def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
     """Exact quadrature at small D, the unbiased sampled estimate at large D (or when asked);
     the fitted policy's own propensities stay exact."""
-    from opl_rank.learners import _plan
+    from opl_rank.opl.learners import _plan
 
     small = SyntheticRankingEnv.create(make_key(70), n_items=6, ranking_length=3).sample_logged_data(
         make_key(71), 200, position_marginals="exact")
@@ -193,7 +194,7 @@ def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
 def test_iips_learns_with_the_insertion_estimate_of_its_slot_marginals():
     """``slot_marginals="insertion"`` (the logged item inserted into the others' sampled
     order) is used as asked, also where the exact quadrature would be chosen, and learns."""
-    from opl_rank.learners import _plan
+    from opl_rank.opl.learners import _plan
 
     env = SyntheticRankingEnv.create(make_key(72), n_items=60, ranking_length=5)
     data = env.sample_logged_data(make_key(73), 2000, position_marginals="exact")
@@ -226,12 +227,12 @@ def test_on_epoch_sees_every_epoch_and_changes_nothing(setting):
 
 
 def test_clipping_check_runs_in_chunks_with_the_same_verdict(setting, monkeypatch):
-    import opl_rank.learners as learners_module
+    import opl_rank.opl.learners as learners_module
 
     _, data, _ = setting
     extreme = data.replace(log_pi0_prefix=data.log_pi0_prefix * 100.0)  # every weight above the clip
     config = dataclasses.replace(_config("ips"), train=TrainConfig(epochs=1, batch_size=256))
-    monkeypatch.setattr(learners_module, "_CHECK_ROWS", 7)  # 429 chunks, the last one short
+    monkeypatch.setattr(tuning, "CLIP_CHECK_ROWS", 7)  # 429 chunks, the last one short
     with pytest.warns(learners_module.ClippedWeightsWarning, match="100% of the logged rows"):
         fit(extreme, make_key(13), config)
 
@@ -239,7 +240,7 @@ def test_clipping_check_runs_in_chunks_with_the_same_verdict(setting, monkeypatc
 def test_precomputed_completion_orders_change_nothing():
     """Two-stage R-POD with an additive f_hat reads each row's completion order, computed
     once before the policy's epochs, instead of a top-L per step: the same fit exactly."""
-    from opl_rank.learners import _plan, fit_arrays
+    from opl_rank.opl.learners import _plan, fit_arrays
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=40, ranking_length=5)
     data = env.sample_logged_data(make_key(1), 600)

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import ltr_estimators as le
-from opl_rank import make_key, marginals
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import gradients as le
+from opl_rank import make_key
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 from tests import reference as ref
 
 N_KEYS = 2000
@@ -76,7 +77,7 @@ UNBIASED = [
 def test_estimator_is_unbiased(name, baseline, n_items, n_slots):
     logits, rel, theta = _problem(n_items, n_slots, seed=n_items, signed=name.startswith("exposure"))
     exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
-    grads = _gradients(le.ESTIMATORS[name], logits, rel, theta, baseline=baseline)
+    grads = _gradients(le.GRADIENT_ESTIMATORS[name], logits, rel, theta, baseline=baseline)
     assert np.all(np.isfinite(grads))
     assert _z_scores(grads, exact).max() < 4.0
 
@@ -85,8 +86,8 @@ def test_original_exposure_estimator_is_biased_with_baselines():
     """Appendix A: Eq. 33 subtracts b_d per placement, but sum_k P(y_k = d) < 1."""
     logits, rel, theta = _problem(5, 3, seed=5)
     exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
-    original = _z_scores(_gradients(le.ESTIMATORS["exposure_original"], logits, rel, theta, baseline=True), exact)
-    corrected = _z_scores(_gradients(le.ESTIMATORS["exposure"], logits, rel, theta, baseline=True), exact)
+    original = _z_scores(_gradients(le.GRADIENT_ESTIMATORS["exposure_original"], logits, rel, theta, baseline=True), exact)
+    corrected = _z_scores(_gradients(le.GRADIENT_ESTIMATORS["exposure"], logits, rel, theta, baseline=True), exact)
     assert original.max() > 20.0
     assert corrected.max() < 4.0
 
@@ -111,7 +112,7 @@ def test_exposure_values_and_jacobian_match_exact_exposure():
 def test_marginalization_reduces_variance():
     logits, rel, theta = _problem(6, 4, seed=11)
     spread = {
-        name: _gradients(le.ESTIMATORS[name], logits, rel, theta, baseline=True).std(0).mean()
+        name: _gradients(le.GRADIENT_ESTIMATORS[name], logits, rel, theta, baseline=True).std(0).mean()
         for name in ("standard", "placement", "marginalize_all")
     }
     assert spread["marginalize_all"] < spread["placement"] < spread["standard"]
@@ -267,13 +268,13 @@ def test_marginalize_all_matches_a_float64_reference(scale, n_items, n_slots, ma
         np.testing.assert_array_equal(np.asarray(grad)[~np.asarray(valid)], 0.0)
 
 
-@pytest.mark.parametrize("name", [n for n in le.ESTIMATORS if n != "plrank3"])
+@pytest.mark.parametrize("name", [n for n in le.GRADIENT_ESTIMATORS if n != "plrank3"])
 def test_no_nan_or_inf_at_logits_1e3(name):
     logits = jnp.array([[1e3, -1e3, 5e2, 0.0, -5e2, 1e3], [3.0, 1e3, -1e3, 2.0, 0.0, 0.0]], jnp.float32)
     where = jnp.array([[True] * 6, [True, True, True, True, False, False]])
     rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0, 4.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], jnp.float32)
     theta = jnp.array([1.0, 0.6, 0.5], jnp.float32)
-    fn = lambda s: le.ESTIMATORS[name](s, rel, theta, make_key(0), 8, where=where).sum()
+    fn = lambda s: le.GRADIENT_ESTIMATORS[name](s, rel, theta, make_key(0), 8, where=where).sum()
     value, grad = jax.value_and_grad(fn)(logits)
     assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(grad)))
 
@@ -282,7 +283,7 @@ def test_no_nan_or_inf_at_logits_1e3(name):
 def test_masked_documents_get_no_gradient_and_fewer_docs_than_k():
     logits, rel, theta = _problem(5, 4, seed=31)
     where = jnp.array([[True, True, False, True, False], [True, False, False, False, True]])  # 2 valid < K
-    for name, est in le.ESTIMATORS.items():
+    for name, est in le.GRADIENT_ESTIMATORS.items():
         g = jax.grad(lambda s: est(s, rel, theta, make_key(3), 8, where=where).sum())(logits)
         assert bool(jnp.all(jnp.isfinite(g))), name
         np.testing.assert_array_equal(np.asarray(g)[~np.asarray(where)], 0.0, err_msg=name)
@@ -292,7 +293,7 @@ def test_masked_documents_get_no_gradient_and_fewer_docs_than_k():
 def test_value_is_the_utility_estimate():
     logits, rel, theta = _problem(5, 3, seed=41)
     exact = np.asarray(exact_utility(logits, rel, theta))
-    for name, est in le.ESTIMATORS.items():
+    for name, est in le.GRADIENT_ESTIMATORS.items():
         values = np.asarray(jax.vmap(lambda k: est(logits, rel, theta, k, N_SAMPLES))(jax.random.split(make_key(5), 500)))
         se = values.std(0) / np.sqrt(500)
         assert np.all(np.abs(values.mean(0) - exact) <= 4 * se + 1e-5), name

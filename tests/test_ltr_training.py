@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key, metrics
-from opl_rank.ltr_training import LTRConfig, RankingQueries, ideal_normalized_gains, train_ltr
+from opl_rank.ltr.training import LTRConfig, RankingQueries, ideal_normalized_gains, train_ltr
 
 
 def _planted(n_queries, seed, n_docs=12, n_features=6):

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import marginals
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 from tests import reference as ref
 
 

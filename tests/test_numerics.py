@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import learners, make_key
-from opl_rank.learners import LearnerConfig, fit
+from opl_rank import make_key
+
+from opl_rank.opl import learners
+from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
 from opl_rank.scorers import make_scorer
 from simulators import SyntheticRankingEnv

@@ -9,8 +9,10 @@ pd = pytest.importorskip("pandas")
 
 import jax.numpy as jnp  # noqa: E402
 
-from opl_rank import make_key, ope  # noqa: E402
-from opl_rank.interop import obd  # noqa: E402
+from opl_rank import make_key  # noqa: E402
+
+from opl_rank.opl import ope
+from opl_rank.io import obd  # noqa: E402
 
 pytestmark = pytest.mark.obp
 N_SIM = 2000  # BTS's Monte Carlo action distribution (the check itself uses 100,000)

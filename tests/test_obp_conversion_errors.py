@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.interop.obp import from_obp_slate, to_obp_slate
+from opl_rank.io.obp import from_obp_slate, to_obp_slate
 from simulators import SyntheticRankingEnv
 
 N, D, L = 20, 6, 3

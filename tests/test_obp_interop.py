@@ -9,10 +9,10 @@ obp_ope = pytest.importorskip("obp.ope")
 import jax.numpy as jnp  # noqa: E402
 
 from opl_rank import make_key  # noqa: E402
-from opl_rank import marginals  # noqa: E402
-from opl_rank import opl_estimators as oe  # noqa: E402
-from opl_rank import plackett_luce as pl  # noqa: E402
-from opl_rank.interop.obp import from_obp_slate, to_obp_slate  # noqa: E402
+from opl_rank.pl import marginals  # noqa: E402
+from opl_rank.opl import estimators as oe  # noqa: E402
+from opl_rank.pl import plackett_luce as pl  # noqa: E402
+from opl_rank.io.obp import from_obp_slate, to_obp_slate  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank import ope
-from opl_rank.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl import ope
+from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.optimization import TrainConfig
 from opl_rank.scorers import ActionScorer
-from opl_rank.reward_models import fit_reward_model
+from opl_rank.opl.reward_models import fit_reward_model
+from opl_rank import tuning
 from simulators import SyntheticRankingEnv
 
 D, L = 5, 3
@@ -106,8 +107,8 @@ def test_bad_arguments(setting):
 
 @pytest.mark.slow
 def test_select_k_returns_the_best_estimate_and_validates(setting):
-    from opl_rank.learners import LearnerConfig
-    from opl_rank.select_k import select_k
+    from opl_rank.opl.learners import LearnerConfig
+    from opl_rank.opl.select_k import select_k
 
     _, data, _, _, _ = setting
     fast = TrainConfig(epochs=2, batch_size=512, learning_rate=5e-2)
@@ -128,7 +129,7 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
 
 @pytest.fixture(scope="module")
 def small_logs():
-    from opl_rank import opl_estimators as oe
+    from opl_rank.opl import estimators as oe
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L, lam=0.0, logging_temperature=2.0)
     data = env.sample_logged_data(make_key(1), 500, position_marginals="exact")
@@ -187,21 +188,21 @@ def test_healthy_weights_do_not_warn(small_logs):
 def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     """Two-stage slot marginals run over chunks of rows, model values over batches of
     samples (bounded memory at any n): tiny chunks give the same numbers as one piece."""
-    import opl_rank.policies as policies_module
+    import opl_rank.opl.policies as policies_module
 
     _, data, model, policies, _ = setting
     sub = data.take(np.arange(56))  # 8 chunks of 7 rows: one chunk shape to compile
     two_stage = policies["two_stage"]
     whole = two_stage.propensities(sub, make_key(8), slot_marginals=True)
     values = ope.model_values(two_stage, model, sub.context, make_key(9), n_samples=32, n_items=D)
-    monkeypatch.setattr(policies_module, "_CHUNK_FLOATS", 7 * 5 * (D + L))  # 7 rows per chunk (5 prefixes)
-    monkeypatch.setattr(ope, "_BATCH_FLOATS", 3 * 56 * D)  # 3 samples per batch
+    monkeypatch.setattr(tuning, "POLICY_CHUNK_FLOATS", 7 * 5 * (D + L))  # 7 rows per chunk (5 prefixes)
+    monkeypatch.setattr(tuning, "OPE_BATCH_FLOATS", 3 * 56 * D)  # 3 samples per batch
     chunked = two_stage.propensities(sub, make_key(8), slot_marginals=True)
     np.testing.assert_allclose(np.asarray(chunked.log_slot), np.asarray(whole.log_slot), rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(chunked.log_prefix), np.asarray(whole.log_prefix))
     batched = ope.model_values(two_stage, model, sub.context, make_key(9), n_samples=32, n_items=D)
     np.testing.assert_allclose(np.asarray(batched), np.asarray(values), rtol=1e-5)
-    monkeypatch.setattr(policies_module, "_CHUNK_FLOATS", 7 * 16 * (D + L))  # 7 rows per chunk (16 samples)
+    monkeypatch.setattr(tuning, "POLICY_CHUNK_FLOATS", 7 * 16 * (D + L))  # 7 rows per chunk (16 samples)
     sampled = dataclasses.replace(two_stage, n_samples=16, max_enumerated=0)  # Monte Carlo, chunked: still a probability
     mc = np.exp(np.asarray(sampled.propensities(sub, make_key(8), slot_marginals=True).log_slot))
     assert np.all((mc >= 0) & (mc <= 1 + 1e-6))
@@ -211,7 +212,7 @@ def test_policies_are_pytrees_and_compiled_propensities_equal_the_plain_ones(set
     """OPE compiles propensities and model values of this library's policies as whole
     programs (policies are pytrees: parameters are leaves, modules and sizes static); the
     numbers must be the plain, op-by-op ones."""
-    from opl_rank.policies import compiled_propensities
+    from opl_rank.opl.policies import compiled_propensities
 
     _, data, model, policies, _ = setting
     sub = data.take(np.arange(200))

@@ -14,10 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import LoggedData, make_key, marginals
-from opl_rank import opl_estimators as oe
-from opl_rank import plackett_luce as pl
-from opl_rank.policies import PLPolicy
+from opl_rank import LoggedData, make_key
+
+from opl_rank.pl import marginals
+from opl_rank.opl import estimators as oe
+from opl_rank.pl import plackett_luce as pl
+from opl_rank.opl.policies import PLPolicy
 from simulators import SyntheticRankingEnv
 
 D, L, M_CONTEXTS, N_ROWS, N_DATASETS = 5, 3, 4, 64, 1500

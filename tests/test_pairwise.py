@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.pairwise import (
+from opl_rank.ltr.pairwise import (
     correction_matrix,
     expected_distortion,
     pairwise_loss,

@@ -8,8 +8,8 @@ import pytest
 
 from experiments.cli import main
 from opl_rank import make_key
-from opl_rank.pairwise import unbiased_pairwise_loss
-from opl_rank.pairwise_training import PairwiseTrainConfig, train_pairwise_ranker
+from opl_rank.ltr.pairwise import unbiased_pairwise_loss
+from opl_rank.ltr.pairwise_training import PairwiseTrainConfig, train_pairwise_ranker
 from simulators.clicks import ClickModel, simulate_click_logs
 
 CONFIG = "experiments/configs/pairwise_yahoo.yaml"  # data: dataset:yahoo_sample (shipped in simulators/data)

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opl_rank import make_key, marginals
-from opl_rank import plackett_luce as pl
+from opl_rank import make_key
+
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 from tests import reference as ref
 
 

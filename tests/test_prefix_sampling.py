@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opl_rank import ltr_estimators as le
+from opl_rank.pl import gradients as le
 from opl_rank import make_key
-from opl_rank import plackett_luce as pl
-from opl_rank import prefix_sampling as ps
+from opl_rank.pl import plackett_luce as pl
+from opl_rank.pl import prefix_sampling as ps
 from tests import reference as ref
 
 
@@ -164,7 +164,7 @@ def test_ltr_estimators_on_the_prefix_sampler_are_unbiased(name):
     """D = 20, K = 3 (the table sampler and shared normalisers, with a masked item): each
     estimator's mean gradient over keys against the exact gradient of the exact utility
     (position marginals by the exponential-race quadrature)."""
-    from opl_rank import marginals
+    from opl_rank.pl import marginals
 
     assert ps.prefix_sampler(20, 3) == "inverse_cdf"
     k_logits, k_rel = jax.random.split(make_key(21))
@@ -178,7 +178,7 @@ def test_ltr_estimators_on_the_prefix_sampler_are_unbiased(name):
         return jnp.einsum("k,qkd,qd->", theta, marg, rel)
 
     keys = jax.random.split(make_key(1234), 2000)
-    estimator = le.ESTIMATORS[name]
+    estimator = le.GRADIENT_ESTIMATORS[name]
     grads = jax.vmap(lambda k: jax.grad(lambda s: estimator(s, rel, theta, k, 8, where=where).sum())(logits))(keys)
     grads = np.asarray(grads, np.float64)
     assert np.all(np.isfinite(grads))

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import opl_rank
-from opl_rank import make_key, opl_estimators
-from opl_rank.learners import LearnerConfig, fit, learning_methods
+from opl_rank import make_key
+from opl_rank.opl import estimators as opl_estimators
+from opl_rank.opl.learners import LearnerConfig, fit, learning_methods
 from opl_rank.optimization import TrainConfig
 from simulators import SyntheticRankingEnv
 
@@ -21,8 +22,8 @@ def plugin():
 
 
 def test_registry_lists_the_built_in_estimators_and_rejects_duplicates():
-    assert {"dm", "ips", "snips", "dr", "iips", "rips", "topk"} <= set(opl_estimators.ESTIMATORS)
-    assert opl_rank.ESTIMATORS is opl_estimators.ESTIMATORS
+    assert {"dm", "ips", "snips", "dr", "iips", "rips", "topk"} <= set(opl_estimators.OPL_ESTIMATORS)
+    assert opl_rank.ESTIMATORS is opl_estimators.OPL_ESTIMATORS
     with pytest.raises(ValueError, match="already registered"):
         opl_estimators.register("ips", opl_estimators.Estimator(opl_estimators.snips_terms))
     with pytest.raises(ValueError, match="unknown estimator 'nope'"):
@@ -100,7 +101,7 @@ def test_click_rewards_have_a_best_ranking_in_the_synthetic_environment():
     x = clicks.sample_contexts(make_key(2), 8)
     best, _ = clicks.best_rankings(x)
     value = lambda a: clicks.expected_reward(x, a) @ clicks.position_weight
-    from opl_rank import plackett_luce as pl
+    from opl_rank.pl import plackett_luce as pl
 
     for a in pl.all_rankings(5, 3)[::7]:  # no ranking beats the chosen one in any context
         assert np.all(np.asarray(value(best)) >= np.asarray(value(np.broadcast_to(a, (8, 3)))) - 1e-6)

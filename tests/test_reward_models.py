@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import plackett_luce as pl
 from opl_rank.optimization import TrainConfig
-from opl_rank.reward_models import fit_reward_model
+from opl_rank.opl.reward_models import fit_reward_model
 from simulators import SyntheticRankingEnv
 
 FAST = TrainConfig(epochs=25, batch_size=256, learning_rate=3e-2)

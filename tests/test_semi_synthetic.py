@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.learners import LearnerConfig, fit
+from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
 from simulators import datasets
 from simulators.letor import load_letor
@@ -99,7 +99,7 @@ def test_user_logging_policy_reads_the_documents_features(letor):
 def test_shared_prefix_pairs_group_by_context_and_prefix():
     from opl_rank.data import LoggedData
     from opl_rank.metrics import dcg_position_weights
-    from opl_rank.reward_models import shared_prefix_pairs
+    from opl_rank.opl.reward_models import shared_prefix_pairs
 
     context = jnp.asarray([[0.0], [1.0], [0.0], [0.0], [1.0], [2.0]])
     ranking = jnp.asarray([[0, 1], [0, 2], [0, 2], [1, 0], [0, 1], [0, 1]], jnp.int32)
@@ -113,7 +113,7 @@ def test_shared_prefix_pairs_group_by_context_and_prefix():
 
 @pytest.mark.slow
 def test_two_step_reward_model_learns_within_prefix_differences(env):
-    from opl_rank.reward_models import fit_reward_model
+    from opl_rank.opl.reward_models import fit_reward_model
 
     lam1 = env.with_lambda(1.0)
     data = lam1.sample_logged_data(make_key(7), 2500)
@@ -138,7 +138,7 @@ def test_two_step_reward_model_learns_within_prefix_differences(env):
 
 
 def test_two_step_needs_repeated_contexts():
-    from opl_rank.reward_models import fit_reward_model
+    from opl_rank.opl.reward_models import fit_reward_model
     from simulators import SyntheticRankingEnv
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=5, ranking_length=3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import plackett_luce as pl
 from simulators import SyntheticRankingEnv, rollout
 from tests import reference as ref
 
@@ -221,7 +221,7 @@ def test_best_rankings_are_the_argmax_of_the_true_expected_reward():
 def test_scaled_beam_search_is_the_beam_search_and_sorting_is_exact_without_interactions():
     """V* beyond enumeration: the O(B D L) beam search finds the rankings of the
     O(B D^2 L) one; with lambda = 0 the best ranking is the top-L base rewards, sorted."""
-    from opl_rank import completion
+    from opl_rank.opl import completion
 
     env = SyntheticRankingEnv.create(make_key(50), n_items=30, ranking_length=4, lam=0.7)
     x = env.sample_contexts(make_key(51), 64)

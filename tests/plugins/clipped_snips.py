@@ -7,7 +7,7 @@ import math
 
 import jax.numpy as jnp
 
-from opl_rank import opl_estimators
+from opl_rank.opl import estimators as opl_estimators
 
 
 def capped_snips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):

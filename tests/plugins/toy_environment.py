@@ -54,7 +54,7 @@ class ToyEnvironment:
                                position_weight=self.position_weight, n_items=self.n_items)
 
     def logging_policy_value(self, key, n_contexts=100_000):
-        from opl_rank import plackett_luce as pl
+        from opl_rank.pl import plackett_luce as pl
 
         uniform = lambda k, x: pl.sample_rankings(k, jnp.zeros((x.shape[0], self.n_items)), self.ranking_length)
         return self.policy_value(uniform, key, n_contexts)

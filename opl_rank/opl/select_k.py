@@ -2,7 +2,7 @@
 
 ``select_k`` splits the rounds into a training and a hold-out part, fits R-POD for every
 candidate k on the training part, estimates each fitted policy's value on the hold-out
-part with one OPE estimator (:mod:`opl_rank.ope`), and returns the k with the highest
+part with one OPE estimator (:mod:`opl_rank.opl.ope`), and returns the k with the highest
 estimate together with the whole table. The estimator's reward model (for dm, dr, topk)
 is fitted on the training part, with the learner's reward-model kind.
 """
@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import jax
 
-from opl_rank import ope, opl_estimators
+from opl_rank.opl import ope, estimators as opl_estimators
 from opl_rank.data import LoggedData, train_val_split
-from opl_rank.learners import LearnerConfig, fit
-from opl_rank.reward_models import base_kind, fit_reward_model
+from opl_rank.opl.learners import LearnerConfig, fit
+from opl_rank.opl.reward_models import base_kind, fit_reward_model
 
 __all__ = ["KSelection", "select_k"]
 
@@ -50,10 +50,10 @@ def select_k(
       key: PRNG key.
       config: an ``rpod`` :class:`LearnerConfig` (its ``k`` is replaced by each candidate).
       ks: candidates (default every k in ``0..L``).
-      estimator: a name in :data:`opl_rank.opl_estimators.ESTIMATORS` (one that uses k,
+      estimator: a name in :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` (one that uses k,
         such as ``topk``, gets each candidate's k).
       holdout_fraction: share of rounds held out, in (0, 1).
-      ci: interval method passed to :func:`opl_rank.ope.evaluate`.
+      ci: interval method passed to :func:`opl_rank.opl.ope.evaluate`.
       n_samples: rankings sampled per hold-out round for the model term of dm / dr /
         topk (its Monte Carlo error averages over the rounds; 64 is ample).
 

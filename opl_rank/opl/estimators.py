@@ -5,7 +5,7 @@ Every estimator is a per-round ``terms`` function shaped like a rax loss::
     terms(target, batch, *, model=None, k=None, max_log_weight=inf) -> Terms
 
 ``target`` (:class:`Propensities`) holds the target policy's log-propensities of the
-logged rankings -- the policy computes them (:mod:`opl_rank.policies`); ``batch`` is a
+logged rankings -- the policy computes them (:mod:`opl_rank.opl.policies`); ``batch`` is a
 :class:`~opl_rank.data.LoggedData`; ``model`` (:class:`ModelTerms`) holds f_hat at the
 logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` for estimators that need a reward model.
 The returned :attr:`Terms.value` ``[n]`` are in "magic box" form: their values are the
@@ -24,8 +24,8 @@ Registered estimators (``R = sum_l alpha_l r_l``, ``w = pi(a | x) / pi_0(a | x)`
   topk    w_k (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)],  w_k = pi(a_{1:k}) / pi_0(a_{1:k})
           -- R-POD's decomposition (Eq. 9): k = L is dr, k = 0 is dm plus the logged residual.
 
-Add one with :func:`register`; the learners (:func:`opl_rank.learners.fit`), OPE
-(:func:`opl_rank.ope.evaluate`), ``select_k`` and the sweep all find it by name.
+Add one with :func:`register`; the learners (:func:`opl_rank.opl.learners.fit`), OPE
+(:func:`opl_rank.opl.ope.evaluate`), ``select_k`` and the sweep all find it by name.
 
 Importance weights are formed in log space and clipped at ``max_log_weight`` before the
 exponential; clipped weights still multiply the score function.
@@ -39,15 +39,16 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from opl_rank import ltr_estimators
+from opl_rank.pl import gradients
 from opl_rank.data import LoggedData
-from opl_rank.ltr_estimators import magic_box
+from opl_rank.pl.gradients import magic_box
 
 __all__ = [
     "Propensities",
     "ModelTerms",
     "Terms",
     "Estimator",
+    "OPL_ESTIMATORS",
     "ESTIMATORS",
     "register",
     "get",
@@ -126,7 +127,9 @@ class Estimator:
     uses_k: bool = False
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+OPL_ESTIMATORS: dict[str, Estimator] = {}
+"""The off-policy estimators by name (:func:`register` adds one)."""
+ESTIMATORS = OPL_ESTIMATORS  # the name before 0.2.0 (one release; the same dict)
 
 
 def register(name: str, estimator: Estimator, *, replace: bool = False) -> Estimator:
@@ -134,19 +137,19 @@ def register(name: str, estimator: Estimator, *, replace: bool = False) -> Estim
     if not isinstance(name, str) or not name:
         raise ValueError(f"estimator name must be a non-empty string, got {name!r}")
     if not isinstance(estimator, Estimator):
-        raise TypeError(f"estimator must be an opl_estimators.Estimator, got {type(estimator).__name__}")
-    if name in ESTIMATORS and not replace and ESTIMATORS[name] != estimator:
+        raise TypeError(f"estimator must be an opl_rank.opl.estimators.Estimator, got {type(estimator).__name__}")
+    if name in OPL_ESTIMATORS and not replace and OPL_ESTIMATORS[name] != estimator:
         raise ValueError(f"estimator {name!r} is already registered")
-    ESTIMATORS[name] = estimator
+    OPL_ESTIMATORS[name] = estimator
     return estimator
 
 
 def get(name: str) -> Estimator:
     """The registered estimator ``name`` (a ValueError lists the known names)."""
     try:
-        return ESTIMATORS[name]
+        return OPL_ESTIMATORS[name]
     except KeyError:
-        raise ValueError(f"unknown estimator {name!r}; registered: {sorted(ESTIMATORS)}") from None
+        raise ValueError(f"unknown estimator {name!r}; registered: {sorted(OPL_ESTIMATORS)}") from None
 
 
 def estimate(terms: Terms) -> jax.Array:
@@ -242,7 +245,7 @@ def iips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     """IIPS (independence): ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
 
     With a PL target the position marginals are exact and differentiable
-    (:func:`opl_rank.marginals.exact_slot_marginals`), so the gradient
+    (:func:`opl_rank.pl.marginals.exact_slot_marginals`), so the gradient
     ``sum_l alpha_l w_l r_l grad log P_pi(a_l at l)`` has no sampling noise.
     """
     if target.log_slot is None:
@@ -316,7 +319,7 @@ def additive_model_value(logits, item_value, position_weight, key, n_samples, *,
     Returns:
       ``[n]``: value = the estimate, gradient = the marginalize-all policy gradient.
     """
-    return ltr_estimators.marginalize_all_utility(
+    return gradients.marginalize_all_utility(
         logits, item_value, position_weight, key, n_samples, where=where, baseline=baseline
     )
 
@@ -329,6 +332,6 @@ def ranking_model_value(logits, value_fn, n_slots, key, n_samples, *, where=None
     Returns:
       ``[n]``.
     """
-    return ltr_estimators.sampled_policy_gradient(
+    return gradients.sampled_policy_gradient(
         logits, value_fn, n_slots, key, n_samples, where=where, baseline=baseline
     )

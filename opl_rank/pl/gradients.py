@@ -8,7 +8,7 @@ exposure is ``theta_d = E_y[theta_{rank(d)}]`` (Eq. 4), a ``[.., D]`` vector who
 is the exposure estimator.
 
 All of them sample ``N`` top-K rankings per query with :func:`plackett_luce.sample_rankings`
-and use the shared prefix/placement functions of :mod:`opl_rank.plackett_luce` (float32, log
+and use the shared prefix/placement functions of :mod:`opl_rank.pl.plackett_luce` (float32, log
 space, masks). Leave-one-out baselines (Eq. 20) are over the ``N`` samples of a query and
 are on by default (``baseline=False`` turns them off). Samples are drawn from the
 stop-gradient logits; gradients flow only through the log-probabilities.
@@ -36,10 +36,11 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from opl_rank import plackett_luce as pl
-from opl_rank import prefix_sampling
+from opl_rank.pl import plackett_luce as pl
+from opl_rank.pl import prefix_sampling
 
 __all__ = [
+    "GRADIENT_ESTIMATORS",
     "ESTIMATORS",
     "standard_utility",
     "placement_utility",
@@ -539,7 +540,7 @@ def sampled_policy_gradient(
     return magic_box(pl.mean_samples(reward), surrogate)
 
 
-ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
+GRADIENT_ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
     "standard": standard_utility,
     "placement": placement_utility,
     "marginalize_first": marginalize_first_utility,
@@ -550,3 +551,5 @@ ESTIMATORS: dict[str, Callable[..., jax.Array]] = {
 }
 """Utility estimators by name: ``fn(logits, relevance, position_weight, key, n_samples,
 *, where=None[, baseline=True]) -> [..]``."""
+
+ESTIMATORS = GRADIENT_ESTIMATORS  # the name before 0.2.0 (one release; the same dict)

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank.data import LoggedData
-from opl_rank.opl_estimators import Propensities
+from opl_rank.opl.estimators import Propensities
 
 __all__ = [
     "CAMPAIGNS",
@@ -241,7 +241,7 @@ def bts_action_dist(campaign: str = "all", *, len_list: int = 3, n_sim: int = 10
 class PositionwisePolicy:
     """A context-free evaluation policy given by its item distribution at each position.
 
-    A :class:`~opl_rank.policies.RankingPolicy` over :func:`from_obd`'s one-slot rounds:
+    A :class:`~opl_rank.opl.policies.RankingPolicy` over :func:`from_obd`'s one-slot rounds:
     at position ``p`` (read from the context's one-hot columns) it shows item ``a`` with
     probability ``action_dist[a, p]``. Its propensities of a logged row are that probability,
     as prefix and as slot marginal.
@@ -334,7 +334,7 @@ def bts_from_random(campaign: str = "all", *, n_sim: int = 100_000, random_state
                     key: jax.Array | None = None) -> list[dict[str, Any]]:
     """The OBD's standard check: BTS's click rate estimated from the Random logs.
 
-    opl_rank's ``ips`` (= ``iips`` here) and ``snips`` via :func:`opl_rank.ope.evaluate` with
+    opl_rank's ``ips`` (= ``iips`` here) and ``snips`` via :func:`opl_rank.opl.ope.evaluate` with
     normal intervals (delta method for snips), obp's IPW / SNIPW with its bootstrap intervals,
     and BTS's on-policy click rate, all for one campaign.
 
@@ -345,7 +345,7 @@ def bts_from_random(campaign: str = "all", *, n_sim: int = 100_000, random_state
       ``ci_high``, ``n``, ``ess``, ``rel_error`` (``value / on_policy - 1``; 0 for the
       on-policy row).
     """
-    from opl_rank import ope
+    from opl_rank.opl import ope
     from opl_rank.prng import make_key
 
     random_logs = load_obd("random", campaign, data_path=data_path)

@@ -6,7 +6,7 @@ Two kinds, both giving per-slot values ``h_l(x, a)`` with ``f_hat = sum_l alpha_
              by ``g`` (optimal for non-increasing alpha).
   pairwise   ``h_l = g(x, a_l) + sum_{m != l} V(a_m, a_l)``: sees the whole ranking through
              learned pairwise item interactions (captures the synthetic environment's F);
-             completion (:mod:`opl_rank.completion`) enumerates every completion when
+             completion (:mod:`opl_rank.opl.completion`) enumerates every completion when
              there are at most ``max_enumerated`` (512) of them and is a beam search
              (``beam_width`` 4; 1 is greedy) otherwise. With D = 10, L = 5 that is
              exact for k >= 2 and beam search for k <= 1.
@@ -36,11 +36,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank import completion
-from opl_rank.completion import one_hot_sum, zero_diagonal
+from opl_rank.opl import completion
+from opl_rank.opl.completion import one_hot_sum, zero_diagonal
 from opl_rank.data import LoggedData
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, minimize, train_jit
-from opl_rank.plackett_luce import cumsum_slots
+from opl_rank.pl.plackett_luce import cumsum_slots
 from opl_rank.scorers import make_scorer
 
 __all__ = [

@@ -536,7 +536,7 @@ def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, alpha: 
 
 def to_parquet(data: Any, path: str | os.PathLike) -> None:
     """:meth:`opl_rank.data.LoggedData.to_parquet`."""
-    from opl_rank.atomic import atomic_write
+    from opl_rank.io.atomic import atomic_write
 
     pq = _require("pyarrow.parquet", "LoggedData.to_parquet")
     table = _table(data)
@@ -557,7 +557,7 @@ def from_csv(path: str | os.PathLike, *, n_items: int | None = None, alpha: Any 
 
 def to_csv(data: Any, path: str | os.PathLike) -> None:
     """:meth:`opl_rank.data.LoggedData.to_csv`."""
-    from opl_rank.atomic import atomic_write_text
+    from opl_rank.io.atomic import atomic_write_text
 
     if data.item_features is not None:
         raise ValueError("LoggedData.to_csv: CSV has no place for item_features; use to_parquet, "
@@ -642,7 +642,7 @@ def read_contexts(path: str | os.PathLike, *, n_items: int | None = None) -> tup
 def write_rankings(table: Any, path: str | os.PathLike, columns: dict[str, np.ndarray]) -> None:
     """``table`` plus the ``[n, ...]`` arrays ``columns`` (2-D ones as list columns) to a
     ``.parquet`` / ``.pq`` or ``.csv`` file (JSON list cells), atomically."""
-    from opl_rank.atomic import atomic_write, atomic_write_text
+    from opl_rank.io.atomic import atomic_write, atomic_write_text
 
     pa = _require("pyarrow", "writing rankings")
     shown = os.fspath(path)

@@ -3,7 +3,7 @@
 Every policy follows :class:`RankingPolicy`: ``sample`` rankings, ``log_prob`` of a
 ranking, and ``propensities`` of logged rankings (prefix log-probabilities and, on
 request, position marginals) in the form the estimators of
-:mod:`opl_rank.opl_estimators` read. OPE and the learners never ask which class a policy is.
+:mod:`opl_rank.opl.estimators` read. OPE and the learners never ask which class a policy is.
 
   PLPolicy          Plackett-Luce over a scorer's logits (exact prefix probabilities and
                     position marginals, differentiable in the parameters).
@@ -21,18 +21,17 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from opl_rank import marginals
-from opl_rank import plackett_luce as pl
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 from opl_rank.data import LoggedData
-from opl_rank.opl_estimators import Propensities
+from opl_rank.opl.estimators import Propensities
+from opl_rank import tuning
 
 __all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL", "greedy_rankings"]
 
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
 # so a logged item's marginal is never rounded to an impossible 0.
 MIN_MARGINAL = 1e-30
-# Floats of per-prefix intermediates a two-stage policy's slot marginals hold at once.
-_CHUNK_FLOATS = 2**24
 
 
 @runtime_checkable
@@ -77,12 +76,12 @@ class PLPolicy:
       n_slots: rankings' length (``k`` for an R-POD first stage).
       slot_marginal_samples: 0 (default): exact slot marginals; ``N >= 2``: their
         Rao-Blackwellised estimate from ``N`` sampled rankings, unbiased in value and
-        gradient (:func:`~opl_rank.marginals.sampled_slot_marginals`; ``propensities``
+        gradient (:func:`~opl_rank.pl.marginals.sampled_slot_marginals`; ``propensities``
         then needs a key). The learners choose by cost
-        (:func:`~opl_rank.marginals.slot_marginal_method`).
+        (:func:`~opl_rank.pl.marginals.slot_marginal_method`).
       slot_marginal_estimator: with samples, ``"prefix"`` (default; averages over sampled
         prefixes) or ``"insertion"`` (the logged item inserted into the others' sampled
-        order, :func:`~opl_rank.marginals.insertion_slot_marginals`, with the logged order
+        order, :func:`~opl_rank.pl.marginals.insertion_slot_marginals`, with the logged order
         as baseline at ``N = 1`` and leave-one-out baselines from ``N = 2``).
     """
 
@@ -107,7 +106,7 @@ class PLPolicy:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
 
         ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
-        marginals (:func:`~opl_rank.marginals.exact_slot_marginals`), or with
+        marginals (:func:`~opl_rank.pl.marginals.exact_slot_marginals`), or with
         ``slot_marginal_samples`` their unbiased estimate from sampled rankings drawn with
         ``key``. Both are differentiable in ``params``; ``data.item_mask`` excludes candidates.
         """
@@ -212,7 +211,7 @@ class TwoStagePolicy:
         # or n_samples) with [P, rows, D] intermediates, ~10 GB at n = 1e4 in one piece.
         n = ranking.shape[0]
         per_row = (n_prefixes if enumerate_prefixes else self.n_samples) * (data.n_items + self.n_slots)
-        rows = int(max(1, min(n, _CHUNK_FLOATS // per_row)))
+        rows = int(max(1, min(n, tuning.POLICY_CHUNK_FLOATS // per_row)))
         starts = range(0, n, rows)
         keys = [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
         beyond = jnp.concatenate([

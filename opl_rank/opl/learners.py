@@ -2,7 +2,7 @@
 
 Methods (R-POD paper, docs/maths.md §1.10-1.24):
   <estimator>   any policy-gradient estimator of the registry
-                :data:`opl_rank.opl_estimators.ESTIMATORS` that does not take R-POD's k
+                :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` that does not take R-POD's k
                 (built in: ips, snips, dr, dm, iips, rips; and any a user registers): a PL
                 policy over all L slots trained with that estimator's terms;
   regression    fit f_hat (Eq. 12), act by its argmax (Eq. 13); R-POD with k = 0;
@@ -32,13 +32,16 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
-from opl_rank import marginals, opl_estimators
+from opl_rank.pl import marginals
+
+from opl_rank.opl import estimators as opl_estimators
 from opl_rank.data import LoggedData, train_val_split
-from opl_rank.opl_estimators import ModelTerms, estimate
+from opl_rank.opl.estimators import ModelTerms, estimate
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
-from opl_rank.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
-from opl_rank.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
+from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
+from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
 from opl_rank.scorers import make_scorer
+from opl_rank import tuning
 
 __all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
 
@@ -48,7 +51,7 @@ SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot
 
 def learning_methods() -> tuple[str, ...]:
     """Every method ``fit`` accepts now: the registry's estimators without k, then ``MODEL_METHODS``."""
-    names = [name for name, e in opl_estimators.ESTIMATORS.items() if not e.uses_k]
+    names = [name for name, e in opl_estimators.OPL_ESTIMATORS.items() if not e.uses_k]
     return tuple(names) + MODEL_METHODS
 
 
@@ -85,7 +88,7 @@ class LearnerConfig:
         (Rao-Blackwellised from sampled prefixes, unbiased in value and gradient),
         ``"insertion"`` (the logged item inserted into sampled orders of the other items:
         also unbiased, with far less variance per sample; docs/performance.md §15) or
-        ``"auto"``: chosen by cost (:func:`opl_rank.marginals.slot_marginal_method`: exact
+        ``"auto"``: chosen by cost (:func:`opl_rank.pl.marginals.slot_marginal_method`: exact
         for small D -- all D <= 10 with L <= 10 -- sampled prefixes from D = 16 at L = 10,
         40 at L = 5).
       slot_marginal_samples: sampled rankings per row for sampled slot marginals; None:
@@ -284,7 +287,6 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
     return out
 
 
-_ORDER_ROWS = 2**14  # rows per chunk of the completion orders (g is [rows, D] floats)
 
 
 def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Array:
@@ -292,14 +294,13 @@ def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax
     reward_model = _reward_model(plan, reward_params, data.position_weight)
     rows = {"context": data.context, "item_mask": data.item_mask}
     return jax.lax.map(lambda r: reward_model.completion_order(r["context"], where=r["item_mask"]), rows,
-                       batch_size=min(_ORDER_ROWS, data.n_rounds))
+                       batch_size=min(tuning.COMPLETION_ORDER_ROWS, data.n_rounds))
 
 
 class ClippedWeightsWarning(RuntimeWarning):
     """Most logged rows' importance weights exceed ``max_log_weight`` under the learned policy."""
 
 
-_CHECK_ROWS = 2**16  # rows per chunk of the clipping check (its logits are [rows, D] floats)
 
 
 def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
@@ -309,8 +310,8 @@ def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
         return
     k = plan.k if plan.config.method == "rpod" else plan.n_slots
     above = 0
-    for start in range(0, data.n_rounds, _CHECK_ROWS):  # chunks: the logits are [rows, D]
-        part = data.take(slice(start, start + _CHECK_ROWS))
+    for start in range(0, data.n_rounds, tuning.CLIP_CHECK_ROWS):  # chunks: the logits are [rows, D]
+        part = data.take(slice(start, start + tuning.CLIP_CHECK_ROWS))
         log_w = compiled_propensities(policy, part).log_prefix[:, k - 1] - part.log_pi0_prefix[:, k - 1]
         above += int(jnp.sum(log_w > plan.config.max_log_weight))
     share = above / data.n_rounds
@@ -364,14 +365,14 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: Ep
         not depend on it).
 
     Returns:
-      A :class:`~opl_rank.policies.PLPolicy` (estimator methods, rpod with k = L),
-      :class:`~opl_rank.policies.RegressionPolicy` (regression, rpod with k = 0) or
-      :class:`~opl_rank.policies.TwoStagePolicy` (rpod with 0 < k < L).
+      A :class:`~opl_rank.opl.policies.PLPolicy` (estimator methods, rpod with k = L),
+      :class:`~opl_rank.opl.policies.RegressionPolicy` (regression, rpod with k = 0) or
+      :class:`~opl_rank.opl.policies.TwoStagePolicy` (rpod with 0 < k < L).
     """
     plan = _plan(data, config)
     reward_params = None
     if _two_step(plan):  # Appendix A pairs are found on the host: f_hat is fitted outside
-        from opl_rank.reward_models import fit_reward_model
+        from opl_rank.opl.reward_models import fit_reward_model
 
         k_split, k_reward, _, _ = jax.random.split(key, 4)
         part = data if config.valid_fraction == 0 else train_val_split(data, k_split, config.valid_fraction)[0]

@@ -1,4 +1,4 @@
-"""Training a pointwise neural ranker with the (unbiased) pairwise loss of :mod:`opl_rank.pairwise`.
+"""Training a pointwise neural ranker with the (unbiased) pairwise loss of :mod:`opl_rank.ltr.pairwise`.
 
 Lists are fixed-shape ``[N, K]`` (clicked logs, or relevance-labelled lists), so one step
 is compiled once per batch shape. Targets are clicks (debiased by ``correction``) or, for
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank.optimization import TrainConfig, minimize
-from opl_rank.pairwise import CORRECTIONS, PAIR_LOSSES, unbiased_pairwise_loss
+from opl_rank.ltr.pairwise import CORRECTIONS, PAIR_LOSSES, unbiased_pairwise_loss
 from opl_rank.scorers import MLPScorer
 
 __all__ = ["PairwiseTrainConfig", "PairwiseRanker", "train_pairwise_ranker"]
@@ -33,7 +33,7 @@ class PairwiseTrainConfig:
       learning_rate: Adam step size.
       epochs: passes over the lists.
       batch_lists: lists per step (capped at N).
-      pair_loss: a name in :data:`opl_rank.pairwise.PAIR_LOSSES`.
+      pair_loss: a name in :data:`opl_rank.ltr.pairwise.PAIR_LOSSES`.
       weight_decay: AdamW decoupled weight decay.
       patience: with validation lists, stop after this many epochs without a lower
         validation loss (the same debiased loss on held-out queries' clicks) and keep the
@@ -109,7 +109,7 @@ def train_pairwise_ranker(
       joint_examination: ``[K, K]`` joint examination probabilities.
       key: PRNG key (initialisation and shuffling).
       correction: ``"joint"`` (unbiased), ``"individual"`` or ``"none"``; see
-        :func:`opl_rank.pairwise.correction_matrix`.
+        :func:`opl_rank.ltr.pairwise.correction_matrix`.
       config: :class:`PairwiseTrainConfig`.
       valid: optional held-out ``(features, targets, mask)`` lists (other queries' logs,
         same ranks): early stopping on the same loss, best parameters kept.

@@ -1,6 +1,6 @@
 """Plackett-Luce (PL) ranking math: sampling, prefix log-probabilities, placement
 probabilities, and exact enumeration for tiny problems. Position marginals
-``P(a_l = d)`` are in :mod:`opl_rank.marginals`.
+``P(a_l = d)`` are in :mod:`opl_rank.pl.marginals`.
 
 Pure, jit-able JAX functions on arrays. The last axis of ``logits`` is items (``D``),
 the last axis of ``rankings`` is slots (``L``, best first); any leading axes are batch.
@@ -24,6 +24,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from opl_rank import tuning
 import numpy as np
 
 __all__ = [
@@ -44,9 +45,6 @@ __all__ = [
 ]
 
 _NEG_INF = -jnp.inf
-# Above this many items a sort-based top-L (lax.top_k) beats an L-step argmax loop on CPU
-# (docs/performance.md §3: top_k is slow for small D).
-_ARGMAX_LOOP_MAX_D = 16
 
 
 # ----------------------------------------------------------------------------------------
@@ -88,15 +86,11 @@ def _safe_logaddexp(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.where(pos, jnp.log(jnp.where(pos, s, 1.0)) + m_safe, _NEG_INF)
 
 
-# Up to this many slots a cumulative sum is an unrolled chain of adds (the same sums in the
-# same order as jnp.cumsum, bit for bit): XLA's CPU cumsum is a reduce-window, ~10x slower
-# on the short slot axis (docs/performance.md §5, §11).
-_UNROLLED_CUMSUM_MAX = 32
 
 
 def cumsum_slots(x: jax.Array) -> jax.Array:
     """``jnp.cumsum(x, axis=-1)`` for a short last (slot) axis."""
-    if x.shape[-1] > _UNROLLED_CUMSUM_MAX or x.shape[-1] == 0:
+    if x.shape[-1] > tuning.UNROLLED_CUMSUM_MAX or x.shape[-1] == 0:
         return jnp.cumsum(x, axis=-1)
     out = [x[..., 0]]
     for l in range(1, x.shape[-1]):
@@ -108,12 +102,12 @@ def cumsum_slots(x: jax.Array) -> jax.Array:
 # one (a sum over the 8 samples of [8, 256, 1000] floats: 15-20 ms against 0.23 ms;
 # docs/performance.md §14). Sums over the sample axis -- including the reverse pass of
 # broadcasting a row's logits to its N samples -- are therefore unrolled chains of adds.
-_UNROLLED_SAMPLES_MAX = 64
+# (tuning.UNROLLED_SAMPLES_MAX)
 
 
 def sum_samples(x: jax.Array) -> jax.Array:
     """``jnp.sum(x, axis=0)`` over a short leading (sample) axis, as a chain of adds."""
-    if x.shape[0] > _UNROLLED_SAMPLES_MAX or x.shape[0] == 0:
+    if x.shape[0] > tuning.UNROLLED_SAMPLES_MAX or x.shape[0] == 0:
         return jnp.sum(x, axis=0)
     return functools.reduce(lambda a, b: a + b, [x[i] for i in range(x.shape[0])])
 
@@ -153,7 +147,7 @@ def one_hot_rankings(rankings: jax.Array, n_items: int) -> jax.Array:
 def _top_l_indices(scores: jax.Array, n_slots: int) -> jax.Array:
     """Indices of the ``n_slots`` largest entries along the last axis, largest first."""
     n_items = scores.shape[-1]
-    if n_items > _ARGMAX_LOOP_MAX_D:
+    if n_items > tuning.ARGMAX_LOOP_MAX_D:
         return jax.lax.top_k(scores, n_slots)[1].astype(jnp.int32)
     out = []
     taken = jnp.zeros(scores.shape, dtype=bool)
@@ -390,7 +384,7 @@ def enumerate_position_marginals(
     logits: jax.Array, n_slots: int, *, where: jax.Array | None = None
 ) -> jax.Array:
     """Exact ``P(a_l = d)`` by enumerating every ranking (tiny ``D`` only): the reference
-    for :func:`opl_rank.marginals.exact_position_marginals`.
+    for :func:`opl_rank.pl.marginals.exact_position_marginals`.
 
     Args:
       logits: ``[.., D]`` scores.

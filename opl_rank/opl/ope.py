@@ -1,9 +1,9 @@
 """Off-policy evaluation of ranking policies from logged data.
 
-Any estimator of the registry :data:`opl_rank.opl_estimators.ESTIMATORS` (dm, ips, snips,
+Any estimator of the registry :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` (dm, ips, snips,
 dr, iips, rips, topk, and any a user registers) estimates ``V(pi)`` as the mean of its
 per-round terms (or their self-normalised ratio). The policy supplies its own
-propensities (:mod:`opl_rank.policies`); estimators that need a reward model get
+propensities (:mod:`opl_rank.opl.policies`); estimators that need a reward model get
 ``f_hat`` at the logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` (:func:`model_values`).
 Confidence intervals: normal approximation (delta method for ratios) or a percentile
 bootstrap vmapped over resampling keys. Diagnostics: effective sample size
@@ -23,10 +23,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from opl_rank import opl_estimators
+from opl_rank.opl import estimators as opl_estimators
 from opl_rank.data import LoggedData
-from opl_rank.opl_estimators import ModelTerms
-from opl_rank.policies import RankingPolicy, compiled_propensities
+from opl_rank.opl.estimators import ModelTerms
+from opl_rank.opl.policies import RankingPolicy, compiled_propensities
+from opl_rank import tuning
 
 __all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate"]
 
@@ -54,7 +55,6 @@ class OPEResult:
     max_weight: float
 
 
-_BATCH_FLOATS = 2**22  # floats of per-sample intermediates held at once by model_values
 
 
 def model_values(
@@ -77,10 +77,10 @@ def _model_values(policy, reward_model, context, key, n_samples, where, n_items)
     if policy.deterministic:
         return reward_model.predict(context, policy.sample(None, context, where=where))
     keys = jax.random.split(key, n_samples)
-    # Samples in batches of about _BATCH_FLOATS sampling intermediates ([b, n, D]) each:
+    # Samples in batches of about tuning.OPE_BATCH_FLOATS sampling intermediates ([b, n, D]) each:
     # bounded memory at any n, and the same keys (hence values) as one vmap over all of them.
     per_sample = context.shape[0] * max(1024 if n_items is None else n_items, policy.n_slots)
-    batch = int(max(1, min(n_samples, _BATCH_FLOATS // per_sample)))
+    batch = int(max(1, min(n_samples, tuning.OPE_BATCH_FLOATS // per_sample)))
     values = jax.lax.map(lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys,
                          batch_size=batch)  # [N, n]
     return jnp.mean(values, axis=0)
@@ -132,11 +132,11 @@ def evaluate(
     """Estimate ``V(policy)`` from logged data with each of ``estimators``.
 
     Args:
-      policy: a :class:`~opl_rank.policies.RankingPolicy`.
+      policy: a :class:`~opl_rank.opl.policies.RankingPolicy`.
       data: logged rounds (``iips`` needs ``log_pi0_position_marginal``).
       key: PRNG key (model values, Monte Carlo marginals, bootstrap).
-      estimators: names in :data:`opl_rank.opl_estimators.ESTIMATORS`.
-      reward_model: a fitted :class:`~opl_rank.reward_models.RewardModel` (dm, dr, topk).
+      estimators: names in :data:`opl_rank.opl.estimators.OPL_ESTIMATORS`.
+      reward_model: a fitted :class:`~opl_rank.opl.reward_models.RewardModel` (dm, dr, topk).
       k: topk's prefix length in ``[0, L]`` (default: a two-stage policy's own k).
       max_log_weight: clip on log importance weights (inf: none).
       ci: ``"bootstrap"`` (percentile) or ``"normal"``.

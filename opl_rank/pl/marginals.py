@@ -4,7 +4,7 @@ or estimated from sampled rankings.
 The position marginal is the probability that item ``d`` lands in slot ``l`` of a PL
 ranking; IIPS needs it for the logged items (docs/maths.md §1.13). It has no closed form,
 and enumerating rankings costs ``D! / (D - L)!`` terms
-(:func:`opl_rank.plackett_luce.enumerate_position_marginals`, the tests' reference).
+(:func:`opl_rank.pl.plackett_luce.enumerate_position_marginals`, the tests' reference).
 
 Exact (docs/maths.md §1.8): PL is an exponential race, so with ``r_j = exp(s_j - s_d)``
 
@@ -32,7 +32,7 @@ slots, :func:`sampled_slot_marginals` is the same estimate with an unbiased grad
 (``O(N (D + L^2))`` per row); the learners choose between it and the exact quadrature by
 cost (:func:`slot_marginal_method`).
 
-Shapes and masks follow :mod:`opl_rank.plackett_luce`: the last axis of ``logits`` is items
+Shapes and masks follow :mod:`opl_rank.pl.plackett_luce`: the last axis of ``logits`` is items
 (``D``), ``where`` an optional bool ``[.., D]`` mask; results are float32 ``[.., L, D]``
 (``[.., M, L]`` and ``[.., L]`` for the ranked-item and slot variants).
 """
@@ -47,8 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank import prefix_sampling
-from opl_rank.plackett_luce import (
+from opl_rank import tuning
+from opl_rank.pl import prefix_sampling
+from opl_rank.pl.plackett_luce import (
     cumsum_slots,
     mean_samples,
     placement_log_probs,
@@ -126,8 +127,6 @@ def estimate_position_marginals(
 _QUAD_LOG_V_MIN = -18.0
 _QUAD_LOG_V_MAX = 4.0  # e^{-e^4} ~ 2e-24
 QUADRATURE_NODES = 48
-# Up to this many items the Poisson-binomial recursion is unrolled (fused); above, scanned.
-_UNROLL_MAX_ITEMS = 32
 
 
 def _shift_down(a: jax.Array) -> jax.Array:
@@ -143,12 +142,12 @@ def _shift_up(a: jax.Array) -> jax.Array:
 def _pb_forward(stay, done, n_slots):
     """The pmf after all items and before each item (``states[j]``: before item ``j``).
 
-    Up to ``_UNROLL_MAX_ITEMS`` items: unrolled, one array per pmf entry -- a chain of
+    Up to ``tuning.MARGINALS_UNROLL_MAX_ITEMS`` items: unrolled, one array per pmf entry -- a chain of
     elementwise ops that XLA fuses into one loop (a rolled scan is several times slower on
     CPU); beyond: a scan over items.
     """
     n_items = stay.shape[0]
-    if n_items <= _UNROLL_MAX_ITEMS:
+    if n_items <= tuning.MARGINALS_UNROLL_MAX_ITEMS:
         pmf = [jnp.ones_like(stay[0])] + [jnp.zeros_like(stay[0])] * (n_slots - 1)
         states = []
         for j in range(n_items):
@@ -285,7 +284,7 @@ def _item_rank_probs(row_logits: jax.Array, row_valid: jax.Array, d: jax.Array, 
 def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Exact ``P(a_l = rankings[.., l])``: each ranked item's probability of its own slot.
 
-    What IIPS needs. Up to ``_UNROLL_MAX_ITEMS`` (32) items: the per-item quadrature (slot
+    What IIPS needs. Up to ``tuning.MARGINALS_UNROLL_MAX_ITEMS`` (32) items: the per-item quadrature (slot
     ``l`` only needs the first ``l`` entries of the Poisson-binomial recursion, ~``(L + 1) /
     2L`` of :func:`exact_ranked_item_marginals`). Above: the shared-grid quadrature
     (docs/maths.md §1.8, "logged items only"): one Poisson-binomial table of the items
@@ -307,7 +306,7 @@ def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.A
     flat_logits = logits.reshape((-1, n_items))
     flat_valid = valid.reshape((-1, n_items))
     flat_rankings = rankings.astype(jnp.int32).reshape((-1, n_slots))
-    if n_items <= _UNROLL_MAX_ITEMS or flat_logits.shape[0] == 0:
+    if n_items <= tuning.MARGINALS_UNROLL_MAX_ITEMS or flat_logits.shape[0] == 0:
         out = _per_item_slot_marginals(flat_logits, flat_valid, flat_rankings)
     else:
         out = _large_slot_marginals(flat_logits, flat_valid, flat_rankings)
@@ -327,7 +326,7 @@ def _slot_marginal_branches(logits, valid, rankings):
 
 @jax.custom_vjp
 def _large_slot_marginals(logits, valid, rankings):
-    """The tiered quadrature for ``D > _UNROLL_MAX_ITEMS``; its reverse pass differentiates
+    """The tiered quadrature for ``D > tuning.MARGINALS_UNROLL_MAX_ITEMS``; its reverse pass differentiates
     only the branch that ran (a differentiated ``switch`` would carry every branch's
     residuals, the per-item quadrature's ``[D, L, Q]`` tables among them)."""
     tier, top, branches = _slot_marginal_branches(logits, valid, rankings)
@@ -624,7 +623,7 @@ def insertion_slot_marginals(
     of the gradient variance at 0.57x the time; ``N = 2`` with leave-one-out baselines 1/27
     and 1/15 at 0.63x (and learned the better IIPS policies; the learners' choice). ``O(N (D
     + L^2))`` per row: the sample's own normalisers ``Z_j`` (from logit differences, as
-    :func:`~opl_rank.plackett_luce.slot_log_probs`) give every ``Z'_j``.
+    :func:`~opl_rank.pl.plackett_luce.slot_log_probs`) give every ``Z'_j``.
 
     Args:
       key: PRNG key.
@@ -718,7 +717,7 @@ def slot_marginal_cost(n_items: int, n_slots: int, method: str, n_samples: int =
         return n_samples * (12.0 * n_items + 6.0 * n_slots * n_slots)
     if method != "exact":
         raise ValueError(f"method must be 'exact' or 'sampled', got {method!r}")
-    if n_items <= _UNROLL_MAX_ITEMS:
+    if n_items <= tuning.MARGINALS_UNROLL_MAX_ITEMS:
         return 3.0 * QUADRATURE_NODES * n_items * n_slots * (n_slots + 1) / 2
     k = min(_recursed_items(n_slots), n_items)
     return 3.0 * _SHARED_GRID_NODES[0] * (k * (2 * n_slots + 16) + 3 * n_slots * n_slots) + 60.0 * n_items

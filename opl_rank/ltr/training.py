@@ -1,8 +1,8 @@
 """Full-information learning to rank with the PL policy-gradient estimators.
 
 A pointwise MLP scores documents; a Plackett-Luce policy over those scores is trained with
-any estimator of :mod:`opl_rank.ltr_estimators` and, for the exposure estimators, any loss
-of :mod:`opl_rank.exposure_losses`, in the one training loop of
+any estimator of :mod:`opl_rank.pl.gradients` and, for the exposure estimators, any loss
+of :mod:`opl_rank.ltr.exposure_losses`, in the one training loop of
 :mod:`opl_rank.optimization` (compiled once per config and data shapes). NDCG@K of the
 deterministic ranking (sort by score) and the estimated loss on held-out queries are
 recorded every epoch.
@@ -21,7 +21,11 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from opl_rank import exposure_losses, ltr_estimators, metrics
+from opl_rank import metrics
+
+from opl_rank.ltr import exposure_losses
+
+from opl_rank.pl import gradients
 from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.scorers import MLPScorer
 
@@ -53,7 +57,7 @@ class LTRConfig:
       learning_rate: Adamax learning rate (paper: 1e-3).
       batch_queries: queries per step (paper: 128; capped at the training set size).
       epochs: passes over the training queries.
-      estimator: a name in ``ltr_estimators.ESTIMATORS``.
+      estimator: a name in ``gradients.GRADIENT_ESTIMATORS``.
       n_samples: ``N`` sampled rankings per query and step.
       baseline: leave-one-out baselines (ignored by PL-Rank-3).
       loss: ``relevance`` (any estimator) or ``frac_fair``, ``prod_fair``, ``kl_fair``
@@ -72,8 +76,8 @@ class LTRConfig:
     cutoff: int = 10
 
     def __post_init__(self) -> None:
-        if self.estimator not in ltr_estimators.ESTIMATORS:
-            raise ValueError(f"estimator must be one of {sorted(ltr_estimators.ESTIMATORS)}, got {self.estimator!r}")
+        if self.estimator not in gradients.GRADIENT_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {sorted(gradients.GRADIENT_ESTIMATORS)}, got {self.estimator!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
         if self.loss != "relevance" and self.estimator not in _EXPOSURE_ESTIMATORS:
@@ -125,13 +129,13 @@ def _objective(config: LTRConfig) -> Callable[..., jax.Array]:
         loss_fn = LOSSES[config.loss]
 
         def objective(logits, rho, mask, key):
-            expo = ltr_estimators.exposure(
+            expo = gradients.exposure(
                 logits, theta, key, config.n_samples, where=mask, baseline=config.baseline, corrected=corrected
             )
             return loss_fn(expo, rho, where=mask)
 
         return objective
-    estimator = ltr_estimators.ESTIMATORS[config.estimator]
+    estimator = gradients.GRADIENT_ESTIMATORS[config.estimator]
     extra = {} if config.estimator == "plrank3" else {"baseline": config.baseline}
 
     def objective(logits, rho, mask, key):

@@ -1,6 +1,6 @@
 """Short Plackett-Luce prefixes from many samples at once: one inverse-CDF table per row.
 
-The Gumbel sampler (:func:`opl_rank.plackett_luce.sample_rankings`) draws ``N x D`` random
+The Gumbel sampler (:func:`opl_rank.pl.plackett_luce.sample_rankings`) draws ``N x D`` random
 numbers per row for ``N`` rankings, and the prefixes' log-probabilities form ``N x D``
 normalisers. When the prefix is short (``K`` slots, ``K`` much smaller than ``D``) both can
 be shared by the ``N`` samples of a row: ``O(D)`` work per row plus ``O(N K^2 log D)``
@@ -18,7 +18,7 @@ the position inside the tail from two separate uniforms, so a light tail is samp
 precisely as a heavy one.
 
 Pure, jit-able functions on arrays; leading axes are batch. Masks follow
-:mod:`opl_rank.plackett_luce`: invalid items are never drawn before a valid one and
+:mod:`opl_rank.pl.plackett_luce`: invalid items are never drawn before a valid one and
 fill trailing slots as padding (log-probability 0).
 """
 
@@ -29,7 +29,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from opl_rank.plackett_luce import cumsum_slots, valid_items
+from opl_rank.pl.plackett_luce import cumsum_slots, valid_items
+from opl_rank import tuning
 
 __all__ = ["sample_prefixes", "shared_slot_log_probs", "prefix_sampler"]
 
@@ -40,8 +41,7 @@ _NEG_INF = -jnp.inf
 # machine (docs/performance.md §13): the table is 1.1-4x faster at D = 16 for K <= 5,
 # 3-8x at D = 100 and 9-16x at D = 1000; at D = 8 the gain is small or none, and long
 # prefixes (K = 10) gain little and compile slowly.
-_PREFIX_MIN_ITEMS = 16
-_PREFIX_MAX_SLOTS = 5
+# (thresholds: tuning.PREFIX_SAMPLER_MIN_ITEMS, tuning.PREFIX_SAMPLER_MAX_SLOTS)
 
 
 def prefix_sampler(n_items: int, n_slots: int, method: str = "auto") -> str:
@@ -51,7 +51,7 @@ def prefix_sampler(n_items: int, n_slots: int, method: str = "auto") -> str:
         return method
     if method != "auto":
         raise ValueError(f"method must be 'auto', 'inverse_cdf' or 'gumbel', got {method!r}")
-    fast = n_items >= _PREFIX_MIN_ITEMS and n_slots <= _PREFIX_MAX_SLOTS
+    fast = n_items >= tuning.PREFIX_SAMPLER_MIN_ITEMS and n_slots <= tuning.PREFIX_SAMPLER_MAX_SLOTS
     return "inverse_cdf" if fast else "gumbel"
 
 

@@ -15,10 +15,10 @@ A saved policy is a directory holding
 :func:`save_policy` writes both files atomically, the parameters first; :func:`load_policy`
 checks the format version, the checksum and the parameters' shapes against the spec (a
 ``jax.eval_shape`` of the rebuilt modules' ``init``) and names the offending file in every
-error. Supported: :class:`~opl_rank.policies.PLPolicy`,
-:class:`~opl_rank.policies.RegressionPolicy` and :class:`~opl_rank.policies.TwoStagePolicy`
+error. Supported: :class:`~opl_rank.opl.policies.PLPolicy`,
+:class:`~opl_rank.opl.policies.RegressionPolicy` and :class:`~opl_rank.opl.policies.TwoStagePolicy`
 over the scorers of :func:`opl_rank.scorers.make_scorer` and the reward models of
-:func:`opl_rank.reward_models.fit_reward_model` (any kind). The layout is described in
+:func:`opl_rank.opl.reward_models.fit_reward_model` (any kind). The layout is described in
 docs/data_format.md.
 """
 
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from opl_rank.atomic import atomic_write, atomic_write_text
-from opl_rank.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
-from opl_rank.reward_models import RewardModel, _SlotValues
+from opl_rank.io.atomic import atomic_write, atomic_write_text
+from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl.reward_models import RewardModel, _SlotValues
 from opl_rank.scorers import ActionScorer, ItemFeatureScorer
 
 __all__ = ["save_policy", "load_policy", "read_policy_spec", "check_context_dim", "SPEC_FILE", "PARAMS_FILE",
@@ -60,7 +60,7 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
     Args:
       policy: a PLPolicy, RegressionPolicy or TwoStagePolicy.
       directory: where to write ``policy.json`` and ``params.msgpack``.
-      config: optionally the :class:`~opl_rank.learners.LearnerConfig` (or any dataclass
+      config: optionally the :class:`~opl_rank.opl.learners.LearnerConfig` (or any dataclass
         or JSON-able dict) that produced the policy; stored in the spec for reference.
       metadata: optionally a JSON-able dict stored as is (data file, seed, ...).
 
@@ -137,7 +137,7 @@ def _pl_spec(policy: PLPolicy) -> tuple[dict, Any, int, int]:
 
 def _reward_spec(model: Any) -> tuple[dict, Any, int]:
     if type(model) is not RewardModel or type(model.module) is not _SlotValues:
-        raise TypeError(f"save_policy rebuilds reward models of opl_rank.reward_models.fit_reward_model, got {type(model).__name__}")
+        raise TypeError(f"save_policy rebuilds reward models of opl_rank.opl.reward_models.fit_reward_model, got {type(model).__name__}")
     module = model.module
     fields = {"n_items": int(module.n_items), "hidden": [int(h) for h in module.hidden], "pairwise": bool(module.pairwise),
               "item_feature_dim": None if module.item_feature_dim is None else int(module.item_feature_dim),

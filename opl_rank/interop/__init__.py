@@ -1,1 +1,0 @@
-"""Conversions to and from other libraries' data formats."""

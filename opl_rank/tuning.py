@@ -1,0 +1,40 @@
+"""Tuning constants: chunk sizes, unrolling and sampler thresholds, in one place.
+
+None of them changes a result; each trades memory or compile time against run time on the
+machines measured in docs/performance.md (the section each one cites). The modules read
+them at call time (``tuning.NAME``), so a test or a user with an unusual machine can set one:
+``opl_rank.tuning.POLICY_CHUNK_FLOATS = 2**22``.
+"""
+
+# --- memory: how much is held at once -------------------------------------------------
+
+#: floats of per-sample intermediates held at once by OPE's model terms (opl.ope).
+OPE_BATCH_FLOATS = 2**22
+#: floats of intermediates per chunk of rows when a policy computes propensities (opl.policies).
+POLICY_CHUNK_FLOATS = 2**24
+#: rows per chunk of the second stage's completion orders (``[rows, D]`` floats; opl.learners).
+COMPLETION_ORDER_ROWS = 2**14
+#: rows per chunk of the learners' weight-clipping check (``[rows, D]`` logits; opl.learners).
+CLIP_CHECK_ROWS = 2**16
+
+# --- kernels: unrolling and sampler choice (PL maths) ---------------------------------
+
+#: Above this many items a sort-based top-L (``lax.top_k``) beats an L-step argmax loop on
+#: CPU (pl.plackett_luce; docs/performance.md §3: top_k is slow for small D).
+ARGMAX_LOOP_MAX_D = 16
+#: Up to this many slots a cumulative sum is an unrolled chain of adds (the same sums in the
+#: same order as ``jnp.cumsum``, bit for bit): XLA's CPU cumsum is a reduce-window, ~10x
+#: slower on the short slot axis (pl.plackett_luce; docs/performance.md §5, §11).
+UNROLLED_CUMSUM_MAX = 32
+#: Sums over at most this many samples are unrolled chains of adds: XLA on CPU reduces over
+#: a leading axis much slower than it adds the slices one by one (pl.plackett_luce;
+#: docs/performance.md §14).
+UNROLLED_SAMPLES_MAX = 64
+#: Up to this many items the Poisson-binomial recursion of the exact marginals is unrolled
+#: (fused); above, scanned (pl.marginals).
+MARGINALS_UNROLL_MAX_ITEMS = 32
+#: The inverse-CDF prefix sampler serves at least this many items and at most
+#: PREFIX_SAMPLER_MAX_SLOTS slots; otherwise Gumbel top-k (pl.prefix_sampling;
+#: docs/performance.md §13).
+PREFIX_SAMPLER_MIN_ITEMS = 16
+PREFIX_SAMPLER_MAX_SLOTS = 5
