@@ -18,7 +18,7 @@ import os
 import warnings
 from typing import Any, Iterator
 
-__all__ = ["run_fit", "run_evaluate", "run_rank", "format_fit", "format_evaluation", "OPE_ESTIMATORS", "parse_alpha"]
+__all__ = ["run_fit", "run_evaluate", "run_rank", "format_fit", "format_evaluation", "OPE_ESTIMATORS", "parse_position_weight"]
 
 # The table `evaluate` prints by default (iips only when the logs have position marginals).
 OPE_ESTIMATORS = ("dm", "ips", "snips", "dr", "iips", "rips", "topk")
@@ -37,14 +37,14 @@ def _option(option: str) -> Iterator[None]:
         raise ValueError(f"{option} {err}") from err
 
 
-def parse_alpha(text: str | None) -> list[float] | None:
-    """``--alpha 1,0.63,0.5`` -> floats."""
+def parse_position_weight(text: str | None) -> list[float] | None:
+    """``--position-weight 1,0.63,0.5`` -> floats."""
     if text is None:
         return None
     try:
         return [float(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
-        raise ValueError(f"--alpha must be comma-separated numbers, got {text!r}") from err
+        raise ValueError(f"--position-weight must be comma-separated numbers, got {text!r}") from err
 
 
 def _positive(option: str, value: Any, kind: type = int) -> None:
@@ -53,11 +53,11 @@ def _positive(option: str, value: Any, kind: type = int) -> None:
         raise ValueError(f"{option} must be a positive {'int' if kind is int else 'number'}, got {value!r}")
 
 
-def _read_logs(path: str, option: str, n_items: int | None, alpha: list[float] | None) -> Any:
+def _read_logs(path: str, option: str, n_items: int | None, position_weight: list[float] | None) -> Any:
     from opl_rank.io.tabular import read_logged_data
 
     with _option(option):
-        return read_logged_data(path, n_items=n_items, alpha=alpha)
+        return read_logged_data(path, n_items=n_items, position_weight=position_weight)
 
 
 def _finite(value: Any) -> Any:
@@ -92,9 +92,9 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
          epochs: int | None = None, reward_epochs: int | None = None, batch_size: int | None = None,
          learning_rate: float | None = None, k_estimator: str = "dr", k_candidates: str | None = None,
          n_items: int | None = None,
-         alpha: list[float] | None = None, seed: int = 0, step: Any = lambda label: None) -> dict[str, Any]:
+         position_weight: list[float] | None = None, seed: int = 0, step: Any = lambda label: None) -> dict[str, Any]:
     from opl_rank.opl import estimators as opl_estimators
-    from opl_rank.opl.learners import LearnerConfig, fit, learning_methods, needs_position_marginals
+    from opl_rank.opl.learners import LearnerConfig, fit, learning_methods, needs_position_marginals, needs_reward_model
     from opl_rank.io.persistence import save_policy
     from opl_rank.prng import split_seed
     from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
@@ -120,7 +120,7 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
     if os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--out {out}: exists and is not a directory")
     step(f"reading {os.path.basename(data)}")
-    logs = _read_logs(data, "--data", n_items, alpha)
+    logs = _read_logs(data, "--data", n_items, position_weight)
     n_slots = logs.ranking_length
     chosen: int | str | None = None
     if method == "rpod":
@@ -167,7 +167,7 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
     spec_path = save_policy(policy, out, config=config, metadata=metadata)
     summary.update({
         "k": config.k if method == "rpod" else None,
-        "reward_model": reward_model if method in ("rpod", "regression") or opl_estimators.get(method).needs_reward_model else None,
+        "reward_model": reward_model if needs_reward_model(method) else None,
         "policy": type(policy).__name__,
         "n": logs.n_rounds, "D": logs.n_items, "L": n_slots, "dx": int(logs.context.shape[1]),
         "seed": seed,
@@ -211,7 +211,7 @@ def _load(policy_dir: str) -> tuple[Any, dict]:
 
 def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None, reward_model: str | None = None,
                  ci: str = "normal", level: float = 0.95, n_samples: int = 256, seed: int = 0,
-                 n_items: int | None = None, alpha: list[float] | None = None) -> dict[str, Any]:
+                 n_items: int | None = None, position_weight: list[float] | None = None) -> dict[str, Any]:
     """The OPE table of the saved policy ``policy`` on the logs ``data``."""
     import numpy as np
 
@@ -238,7 +238,7 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
     ranker, spec = _load(policy)
     # The policy's n_items is the default: a CSV or foreign Parquet file need not record it
     # (a file that records another value is an error naming both).
-    logs = _read_logs(data, "--data", n_items if n_items is not None else int(spec["n_items"]), alpha)
+    logs = _read_logs(data, "--data", n_items if n_items is not None else int(spec["n_items"]), position_weight)
     with _option(f"--data {data}:"):
         if logs.n_items != int(spec["n_items"]):
             raise ValueError(f"the logs have n_items={logs.n_items}, the policy ranks {spec['n_items']} items")

@@ -35,11 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser(
         "simulate",
-        help="log a synthetic data set and print its summary",
-        description="Draw the R-POD synthetic environment, log n rounds of its logging "
-        "policy, and print n, D, L, the logging policy value, reward statistics and "
-        "propensity ranges.",
+        help="log a data set from a simulator and print its summary",
+        description="Draw an environment (the R-POD synthetic one by default, or any registered "
+        "simulator), log n rounds of its logging policy, and print n, D, L, the logging policy "
+        "value, reward statistics and propensity ranges.",
     )
+    sim.add_argument("--simulator", default="synthetic",
+                     help="a registered simulator: synthetic (default), semi_synthetic, or one a --plugin registers")
+    sim.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                     help="import MODULE first (it registers a simulator); repeatable")
+    sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="another simulator's options: sweep config keys (interaction_scale=2, letor_path=...) "
+                     "or the simulator's own options (its EnvironmentSpec.options); repeatable")
     sim.add_argument("--n", type=int, default=1000, help="logged rounds (default 1000)")
     sim.add_argument("--n-items", "-D", type=int, default=10, help="candidate items D (default 10)")
     sim.add_argument("--length", "-L", type=int, default=5, help="ranking length L (default 5)")
@@ -49,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--tau", type=float, default=1.0, help="logging PL temperature (default 1)")
     sim.add_argument(
         "--logging-policy",
-        default="pl",
-        help="'pl' (PL linear, the paper's), 'uniform', or 'module:function' returning "
+        default=None,
+        help="'pl' (PL linear, the paper's; the synthetic default), 'uniform', another simulator's built-in "
+        "name (default: its first), or 'module:function' returning "
         "logits [n, D] from (context [n, dx], item_features [D, D])",
     )
     sim.add_argument(
@@ -98,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--new-config", action="store_true",
         help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
+    )
+    sweep.add_argument(
+        "--recompute-stale", action="store_true",
+        help="recompute the cells another opl_rank version wrote (without it such a folder is refused)",
     )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
     sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
@@ -158,7 +170,7 @@ def _add_byo_parsers(sub: Any) -> None:
     fit.add_argument("--k-candidates", default=None, metavar="K1,K2,...",
                      help="the k values --k auto compares (default every k in 0..L)")
     fit.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: inferred)")
-    fit.add_argument("--alpha", default=None, help="position weights, comma-separated, when the file does not record "
+    fit.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
                      "them (default DCG)")
     fit.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
     fit.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -181,7 +193,7 @@ def _add_byo_parsers(sub: Any) -> None:
     ev.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
     ev.add_argument("--n-samples", type=int, default=256, help="rankings sampled per round for model terms (default 256)")
     ev.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: the policy's)")
-    ev.add_argument("--alpha", default=None, help="position weights, comma-separated, when the file does not record "
+    ev.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
                     "them (default DCG)")
     ev.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
@@ -211,7 +223,7 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             epochs=args.epochs, reward_epochs=args.reward_epochs, batch_size=args.batch_size,
             learning_rate=args.learning_rate, k_estimator=args.k_estimator, k_candidates=args.k_candidates,
             n_items=args.n_items,
-            alpha=byo_logs.parse_alpha(args.alpha), seed=args.seed, progress=not args.quiet,
+            position_weight=byo_logs.parse_position_weight(args.position_weight), seed=args.seed, progress=not args.quiet,
         )
         return summary, byo_logs.format_fit(summary)
     if args.command == "evaluate":
@@ -219,7 +231,7 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         summary = byo_logs.run_evaluate(
             policy=args.policy, data=args.data, estimators=estimators, reward_model=args.reward_model, ci=args.ci,
             level=args.level, n_samples=args.n_samples, seed=args.seed, n_items=args.n_items,
-            alpha=byo_logs.parse_alpha(args.alpha),
+            position_weight=byo_logs.parse_position_weight(args.position_weight),
         )
         return summary, byo_logs.format_evaluation(summary)
     summary = byo_logs.run_rank(policy=args.policy, contexts=args.contexts, out=args.out, sample=args.sample, seed=args.seed)
@@ -262,6 +274,9 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
     from simulators.logging_policies import CallableLogging
 
     _check_simulate_args(args)
+    if args.simulator != "synthetic" or args.set or args.plugin:
+        return _simulate_registered(args)
+    args.logging_policy = args.logging_policy or "pl"
     if args.logging_policy == "pl":
         logging_policy = None
     elif args.logging_policy == "uniform":
@@ -304,6 +319,66 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def _simulate_registered(args: argparse.Namespace) -> dict[str, Any]:
+    """``opl-rank simulate --simulator NAME``: any registered environment, built as a sweep
+    cell would build it (``--set`` values: sweep config keys or the simulator's options)."""
+    import dataclasses
+
+    import opl_rank
+    from experiments.config import build_dataclass, parse_overrides
+    from experiments.grid import as_lists
+    from experiments.progress import Steps, bar
+    from experiments.sweep_config import OPLSweep
+    from experiments.user_code import import_plugins
+    from simulators import environments
+    from simulators.logging_policies import CallableLogging
+
+    import_plugins(tuple(args.plugin))
+    spec = environments.get(args.simulator)
+    values = parse_overrides(args.set)
+    fields = {f.name for f in dataclasses.fields(OPLSweep)}
+    options = {k: v for k, v in values.items() if k in spec.options}
+    config_values = {k: v for k, v in values.items() if k not in spec.options}
+    unknown = sorted(set(config_values) - fields)
+    if unknown:
+        raise ValueError(f"--set {', '.join(unknown)}: neither an option of simulator {args.simulator!r} "
+                         f"({', '.join(sorted(spec.options)) or 'none'}) nor a sweep config key")
+    if args.context_dim != 5:
+        raise ValueError("--context-dim is the synthetic simulator's; another simulator's contexts are its own")
+    logging_policy = args.logging_policy or (spec.logging_policies[0] if spec.logging_policies else None)
+    if logging_policy is None:
+        raise ValueError(f"--logging-policy: simulator {args.simulator!r} names no built-in logging policy; give module:function")
+    config_values.update(simulator=args.simulator, plugins=list(args.plugin), logging_policy=logging_policy,
+                         n_items=[args.n_items], ranking_length=[args.length], tau=[args.tau], lam=[args.lam],
+                         sigma=args.sigma)
+    config = build_dataclass(OPLSweep, as_lists(config_values, OPLSweep), source="--set")
+    if logging_policy not in spec.logging_policies:
+        logging_policy = CallableLogging(load_callable(logging_policy, what="--logging-policy"), args.n_items,
+                                         temperature=args.tau)
+    key_env, key_data, key_value = opl_rank.prng.split_seed(args.seed, 3)
+    with bar(3 + bool(args.out), desc="simulate", unit="step", enabled=not args.quiet) as progress:
+        step = Steps(progress)
+        step("environment")
+        env = environments.create(args.simulator, key_env, n_items=args.n_items, ranking_length=args.length,
+                                  lam=args.lam, tau=args.tau, logging_policy=logging_policy, config=config,
+                                  options=options)
+        step(f"logging {args.n} rounds")
+        data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals)
+        step(f"logging policy value ({args.value_contexts} contexts)")
+        value = env.logging_policy_value(key_value, args.value_contexts)
+        summary = {"simulator": args.simulator, "lambda": args.lam, "tau": args.tau, "seed": args.seed,
+                   **{f"option {k}": v for k, v in options.items()}}
+        summary.update(data.summary())
+        summary["logging_policy_value"] = value.value
+        summary["logging_policy_value_se"] = value.stderr
+        if args.out:
+            step(f"saving {args.out}")
+            data.save(args.out)
+            summary["saved_to"] = args.out
+        step.done()
+    return summary
+
+
 def _echo(args: argparse.Namespace) -> Any:
     """Progress lines: to stdout (stderr under --json), printed around the progress bars."""
     from experiments.progress import echo_to
@@ -328,7 +403,7 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
         sweep, echo=_echo(args),
         backend=args.backend, workers=args.workers, compilation_cache=args.compilation_cache or None,
         ray_address=args.ray_address,
-        new_config=args.new_config, progress=not args.quiet,
+        new_config=args.new_config, progress=not args.quiet, recompute_stale=args.recompute_stale,
     )
 
 

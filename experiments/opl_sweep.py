@@ -1,4 +1,4 @@
-"""``opl-rank sweep``: the R-POD paper's synthetic OPL benchmark over k, lambda, n, D, L, tau, seeds.
+"""``opl-rank sweep``: the R-POD paper's OPL benchmark over k, lambda, n, D, L, tau, seeds and any declared axis.
 
 This module runs a sweep; the pieces live one idea per module:
 
@@ -24,11 +24,11 @@ import dataclasses
 import time
 from typing import Any, Callable
 
-from experiments.resume import BadCell, RunFolder, open_run_folder, read_cell, write_cell
+from experiments.resume import BadCell, RunFolder, StaleCell, open_run_folder, opl_rank_version, read_cell, write_cell
 from experiments.sweep_cell import check_rows, group_steps, run_group
 from experiments.sweep_config import (
-    CELL_KEYS, NOT_HASHED, SELECTION_METHODS, OPLSweep, cell_name, cells, group_key, load_sweep, method_rows,
-    resolved_config,
+    CELL_KEYS, NOT_HASHED, SELECTION_METHODS, OPLSweep, cell_config, cell_name, cells, group_key, load_sweep,
+    method_rows, resolved_config,
 )
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
@@ -52,7 +52,8 @@ def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder,
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
         with bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar:
             steps = Steps(cell_bar)
-            epochs = steps.epochs({"reward": sweep.reward_epochs, "policy": sweep.policy_epochs})
+            own = cell_config(sweep, group[0])  # its policy_epochs / reward_epochs when they are axes
+            epochs = steps.epochs({"reward": own.reward_epochs, "policy": own.policy_epochs})
             results = run_group(sweep, group, on_step=steps, on_epoch=epochs)
             steps.done()
         seconds = (time.perf_counter() - start) / len(group)
@@ -88,9 +89,9 @@ def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) 
     )
 
 
-def _read(sweep: OPLSweep, folder: RunFolder, cell: dict[str, Any]) -> list[dict[str, Any]]:
+def _read(sweep: OPLSweep, folder: RunFolder, cell: dict[str, Any], *, any_version: bool = False) -> list[dict[str, Any]]:
     return read_cell(folder.cell_path(cell_name(cell)), config_hash=folder.config_hash, cell=cell,
-                     check_rows=lambda rows: check_rows(sweep, cell, rows))
+                     check_rows=lambda rows: check_rows(sweep, cell, rows), any_version=any_version)
 
 
 def run_sweep(
@@ -103,6 +104,7 @@ def run_sweep(
     ray_address: str | None = None,
     new_config: bool = False,
     progress: bool = False,
+    recompute_stale: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
@@ -118,6 +120,10 @@ def run_sweep(
 
     ``progress``: bars on stderr (:mod:`experiments.progress`): one over the cells and, with
     the serial backend, one over the steps of the running cell (ground truth, data, each fit).
+
+    Cells written by another opl_rank version (each cell file records it) are not reused:
+    the sweep stops before any work with a ``ValueError`` naming the versions, unless
+    ``recompute_stale``, which recomputes them (CHANGELOG.md says which versions changed results).
     """
     import jax
 
@@ -131,14 +137,26 @@ def run_sweep(
                          exclude=NOT_HASHED, grid=CELL_KEYS) as folder:
         sweep = dataclasses.replace(sweep, output_dir=folder.path)
         every = cells(sweep)
-        todo = []
+        todo, stale = [], []
         for cell in every:
             try:
                 _read(sweep, folder, cell)
+            except StaleCell as bad:
+                stale.append(bad)
+                todo.append(cell)
             except BadCell as bad:
                 if not isinstance(bad.__cause__, FileNotFoundError):
                     echo(f"cell file {bad}: recomputing it")
                 todo.append(cell)
+        if stale:
+            versions = sorted({bad.version for bad in stale})
+            if not recompute_stale:
+                raise ValueError(
+                    f"{folder.path}: {len(stale)} of {len(every)} cell file(s) were written by opl_rank "
+                    f"{', '.join(versions)}, not by this {opl_rank_version()} (e.g. {stale[0].path}); their rows may "
+                    "differ from what this version computes. Rerun with --recompute-stale to recompute them, "
+                    "or use another output_dir")
+            echo(f"--recompute-stale: recomputing {len(stale)} cell(s) written by opl_rank {', '.join(versions)}")
         # One job per (D, L, tau, lambda, n): its seeds run vmapped together (with vmap_seeds;
         # else one job per cell). Each process caches the environments' ground truth it computed.
         jobs: dict[tuple, list[dict[str, Any]]] = {}

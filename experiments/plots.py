@@ -1,10 +1,17 @@
 """Standard plots of a sweep's results (PNG).
 
   gain_vs_k.png       normalised gain of R-POD against k, one panel per (D, reward model),
-                      a line per (lambda, n) -- the paper's main figure
+                      a line per (L, lambda, n) -- the paper's main figure
   value_vs_k.png      the same with V
   gain_vs_n.png       normalised gain against n, one panel per (D, lambda), a line per method
   gain_vs_lambda.png  normalised gain against lambda, one panel per (D, n), a line per method
+
+Settings are never pooled: every setting axis beyond the grid that takes more than one
+value in the table (:func:`experiments.report.varying_axes`: ``tau``, ``simulator``, extra
+sweep axes such as ``interaction_scale``) splits the panels further, and the panel title
+names it (``R-POD, D=10, f_hat additive, tau=0.5``); so does L in the method plots when it
+varies. :func:`plot_series` returns what each figure draws (panels, lines, points), without
+matplotlib.
 
 Points are means over seeds, bars one standard error. R-POD's per-k rows are summarised
 in the method plots by ``rpod-ope`` (when run) and by regression (k=0) / DR (k=L). The
@@ -23,9 +30,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from experiments.report import gain_table
+from experiments.report import _order, _show, gain_table, varying_axes
 
-__all__ = ["write_plots"]
+__all__ = ["write_plots", "plot_series"]
 
 
 def _axes(n_panels: int, show: bool, width: float = 4.2, height: float = 3.2):
@@ -75,48 +82,113 @@ def _save(fig, path: str) -> str:
     return path
 
 
-def _vs_k(rows, value: str, out: str, show: bool) -> str:
+def _extras(axes: tuple, varying: tuple[str, ...]) -> str:
+    return "".join(f", {name}={_show(value)}" for name, value in axes if name in varying)
+
+
+def _vs_k_series(rows, value: str, varying: tuple[str, ...]) -> list[dict[str, Any]]:
     table = gain_table([r for r in rows if r["method"] == "rpod"], value=value)
     k_of = lambda label: int(label.split("k=")[1].split(")")[0])
-    panels = sorted({(key[0], key[4].split("/")[-1]) for key in table})
+    # a panel per (D, f_hat, the other axes); a line per (L, lambda, n) inside it
+    panels = sorted({(key[0], key[4].split("/")[-1], key[5]) for key in table},
+                    key=lambda p: (_order(p[0]), p[1], tuple(_order(v) for _, v in p[2])))
+    ylabel = "normalised gain" if value == "normalized_gain" else "V"
+    out = []
+    for d, model, axes in panels:
+        inside = {key: v for key, v in table.items() if key[0] == d and key[5] == axes}
+        lines = []
+        for l, lam, n in sorted({key[1:4] for key in inside}):
+            pts = sorted((k_of(key[4]), v) for key, v in inside.items()
+                         if key[1:4] == (l, lam, n) and key[4].endswith("/" + model))
+            if pts:
+                lines.append({"label": f"L={l}, λ={lam:g}, n={n}", "x": [p[0] for p in pts],
+                              "mean": [p[1]["mean"] for p in pts], "se": [p[1]["se"] for p in pts],
+                              "seeds": [p[1]["seeds"] for p in pts], "grid": (l, lam, n)})
+        out.append({"title": f"R-POD, D={d}, f_hat {model}{_extras(axes, varying)}", "xlabel": "k", "ylabel": ylabel,
+                    "xticks": sorted({k_of(key[4]) for key in inside}), "lines": lines})
+    return out
+
+
+def _method_series(rows, x_name: str, panel_name: str, varying: tuple[str, ...], l_varies: bool) -> list[dict[str, Any]]:
+    keep = [r for r in rows if r["method"] != "rpod" and r["method"] != "rpod-oracle"]
+    table = gain_table(keep)
+    index = {"lambda": 2, "n": 3}
+    # a panel per (D, L, lambda or n, the other axes); a line per method, x the other of lambda and n
+    panel_of = lambda key: (key[0], key[1], key[index[panel_name]], key[5])
+    panels = sorted({panel_of(key) for key in table},
+                    key=lambda p: (_order(p[0]), _order(p[1]), _order(p[2]), tuple(_order(v) for _, v in p[3])))
+    labels = sorted({key[4] for key in table})
+    out = []
+    for panel in panels:
+        d, l, at, axes = panel
+        inside = {key: v for key, v in table.items() if panel_of(key) == panel}
+        lines = []
+        for label in labels:
+            pts = sorted((key[index[x_name]], v) for key, v in inside.items() if key[4] == label)
+            if pts:
+                lines.append({"label": label, "x": [p[0] for p in pts], "mean": [p[1]["mean"] for p in pts],
+                              "se": [p[1]["se"] for p in pts], "seeds": [p[1]["seeds"] for p in pts]})
+        title = f"D={d:g}" + (f", L={l}" if l_varies else "") + f", {panel_name}={at:g}{_extras(axes, varying)}"
+        out.append({"title": title, "xlabel": x_name, "ylabel": "normalised gain", "lines": lines})
+    return out
+
+
+def plot_series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """What :func:`write_plots` draws, without drawing it: ``{file name: [panel, ...]}``.
+
+    A panel is ``{"title", "xlabel", "ylabel", "lines"}`` (R-POD panels add ``"xticks"``,
+    the k values); a line is ``{"label", "x", "mean", "se", "seeds"}`` (R-POD lines add
+    ``"grid"``, their (L, lambda, n)) with one point per x,
+    each the mean (and SE) over the seeds of one setting. Panels split by every varying axis
+    beyond the grid (and by L when it varies), so no line pools two settings.
+    """
+    rows = list(rows)
+    varying = varying_axes(rows)
+    l_varies = len({r["L"] for r in rows}) > 1
+    out: dict[str, list[dict[str, Any]]] = {}
+    if any(r["method"] == "rpod" for r in rows):
+        out["gain_vs_k.png"] = _vs_k_series(rows, "normalized_gain", varying)
+        out["value_vs_k.png"] = _vs_k_series(rows, "V", varying)
+    out["gain_vs_n.png"] = _method_series(rows, "n", "lambda", varying, l_varies)
+    out["gain_vs_lambda.png"] = _method_series(rows, "lambda", "n", varying, l_varies)
+    return out
+
+
+def _titles(ax, panel: dict[str, Any]) -> None:
+    ax.set(title=panel["title"], xlabel=panel["xlabel"], ylabel=panel["ylabel"])
+    if len(panel["title"]) > 40:  # a title that names further axes: smaller, to stay over its panel
+        ax.title.set_fontsize("medium")
+
+
+def _draw_vs_k(panels: list[dict[str, Any]], out: str, show: bool) -> str:
     fig, axes = _axes(len(panels), show)
-    style = _style([f"L={l}, λ={lam:g}, n={n}" for l, lam, n in sorted({key[1:4] for key in table})])
-    for ax, (d, model) in zip(axes, panels):
-        for l, lam, n in sorted({key[1:4] for key in table if key[0] == d}):
-            pts = sorted((k_of(key[4]), v) for key, v in table.items() if key[:4] == (d, l, lam, n) and key[4].endswith("/" + model))
-            label = f"L={l}, λ={lam:g}, n={n}"
-            ax.errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts], yerr=[p[1]["se"] for p in pts],
-                        capsize=2, label=label, **style[label])
-        ax.set_xticks(sorted({k_of(key[4]) for key in table if key[0] == d}))
-        ax.set(title=f"R-POD, D={d}, f_hat {model}", xlabel="k", ylabel="normalised gain" if value == "normalized_gain" else "V")
+    grid = {line["label"]: line["grid"] for panel in panels for line in panel["lines"]}
+    style = _style(sorted(grid, key=grid.get))  # by (L, lambda, n), as the lines are drawn
+    for ax, panel in zip(axes, panels):
+        for line in panel["lines"]:
+            ax.errorbar(line["x"], line["mean"], yerr=line["se"], capsize=2, label=line["label"], **style[line["label"]])
+        ax.set_xticks(panel["xticks"])
+        _titles(ax, panel)
     _legend(fig, axes)
     return _save(fig, out)
 
 
-def _method_lines(rows, x_name: str, panel_names: tuple[str, str], out: str, show: bool) -> str:
-    keep = [r for r in rows if r["method"] != "rpod" and r["method"] != "rpod-oracle"]
-    table = gain_table(keep)
-    index = {"D": 0, "lambda": 2, "n": 3}
-    panels = sorted({(key[index[panel_names[0]]], key[index[panel_names[1]]]) for key in table})
+def _draw_method_lines(panels: list[dict[str, Any]], out: str, show: bool) -> str:
     fig, axes = _axes(len(panels), show)
     # The grid's x values, evenly spaced (n usually doubles), each method a little to the side
     # of the others: one n (or lambda) is a readable column of points, not a pile.
-    xs = sorted({key[index[x_name]] for key in table})
-    labels = sorted({key[4] for key in table})
+    xs = sorted({x for panel in panels for line in panel["lines"] for x in line["x"]})
+    labels = sorted({line["label"] for panel in panels for line in panel["lines"]})
     style = _style(labels)
-    width = 0.5 / len(labels)
+    width = 0.5 / max(len(labels), 1)
     for ax, panel in zip(axes, panels):
-        inside = {key: v for key, v in table.items() if (key[index[panel_names[0]]], key[index[panel_names[1]]]) == panel}
-        for j, label in enumerate(labels):
-            pts = sorted((key[index[x_name]], v) for key, v in inside.items() if key[4] == label)
-            if not pts:
-                continue
-            shift = (j - (len(labels) - 1) / 2) * width
-            ax.errorbar([xs.index(p[0]) + shift for p in pts], [p[1]["mean"] for p in pts], yerr=[p[1]["se"] for p in pts],
-                        capsize=2, label=label, **style[label])
+        for line in panel["lines"]:
+            shift = (labels.index(line["label"]) - (len(labels) - 1) / 2) * width
+            ax.errorbar([xs.index(x) + shift for x in line["x"]], line["mean"], yerr=line["se"],
+                        capsize=2, label=line["label"], **style[line["label"]])
         ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
         ax.set_xlim(-0.5, len(xs) - 0.5)
-        ax.set(title=f"{panel_names[0]}={panel[0]:g}, {panel_names[1]}={panel[1]:g}", xlabel=x_name, ylabel="normalised gain")
+        _titles(ax, panel)
     _legend(fig, axes)
     return _save(fig, out)
 
@@ -137,9 +209,7 @@ def write_plots(rows: list[dict[str, Any]], out_dir: str, *, show: bool = False)
         ) from None
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    if any(r["method"] == "rpod" for r in rows):
-        paths.append(_vs_k(rows, "normalized_gain", os.path.join(out_dir, "gain_vs_k.png"), show))
-        paths.append(_vs_k(rows, "V", os.path.join(out_dir, "value_vs_k.png"), show))
-    paths.append(_method_lines(rows, "n", ("D", "lambda"), os.path.join(out_dir, "gain_vs_n.png"), show))
-    paths.append(_method_lines(rows, "lambda", ("D", "n"), os.path.join(out_dir, "gain_vs_lambda.png"), show))
+    for name, panels in plot_series(rows).items():
+        draw = _draw_vs_k if name.endswith("_vs_k.png") else _draw_method_lines
+        paths.append(draw(panels, os.path.join(out_dir, name), show))
     return paths

@@ -2,13 +2,14 @@
 
 An experiment writes each finished cell as ``cells/<name>.json``::
 
-    {"format": 2, "config_hash": "<sha256>", "opl_rank_version": "0.1.0", "cell": {...}, "rows": [...]}
+    {"format": 2, "config_hash": "<sha256>", "opl_rank_version": "0.2.0", "cell": {...}, "rows": [...]}
 
 ``config_hash`` is the SHA-256 of the resolved config (every key that can change a row;
 not the output folder or how the run is executed; a key set to None counts as absent). On resume a cell is reused only when
 its file parses, its hash is the run's, and its rows pass the experiment's check (columns,
 row count, the cell they belong to); any other file is named, with the reason, and
-recomputed. :func:`open_run_folder` locks the folder and refuses a config that differs
+recomputed. A cell written by another opl_rank version raises :class:`StaleCell`: the
+experiment decides (the OPL sweep refuses to resume unless told to recompute). :func:`open_run_folder` locks the folder and refuses a config that differs
 from the folder's ``config.yaml`` (naming the keys), or, with ``new_config``, moves to a
 fresh ``config-<hash8>/`` subfolder.
 """
@@ -26,7 +27,8 @@ import yaml
 from experiments.folder_lock import folder_lock
 from opl_rank.io.atomic import atomic_write_text
 
-__all__ = ["CELL_FORMAT", "BadCell", "config_hash", "write_cell", "read_cell", "open_run_folder", "RunFolder"]
+__all__ = ["CELL_FORMAT", "BadCell", "StaleCell", "config_hash", "write_cell", "read_cell", "open_run_folder",
+           "RunFolder", "opl_rank_version"]
 
 CELL_FORMAT = 2  # 1: a bare JSON list of rows (before config hashes)
 
@@ -37,6 +39,20 @@ class BadCell(Exception):
     def __init__(self, path: str, reason: str):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
+
+
+class StaleCell(BadCell):
+    """A cell file of this config written by another opl_rank version (``version``)."""
+
+    def __init__(self, path: str, version: str):
+        super().__init__(path, f"written by opl_rank {version}, this is {opl_rank_version()}")
+        self.version = version
+
+
+def opl_rank_version() -> str:
+    import opl_rank
+
+    return opl_rank.__version__
 
 
 def _canonical(value: Any) -> Any:
@@ -62,16 +78,15 @@ def config_hash(config: dict[str, Any], exclude: Sequence[str] = ("output_dir",)
 
 def write_cell(path: str, *, cell: dict[str, Any], rows: list[dict[str, Any]], config_hash: str) -> None:
     """Write a cell file atomically (see the module docstring for its format)."""
-    import opl_rank
-
-    record = {"format": CELL_FORMAT, "config_hash": config_hash, "opl_rank_version": opl_rank.__version__,
+    record = {"format": CELL_FORMAT, "config_hash": config_hash, "opl_rank_version": opl_rank_version(),
               "cell": cell, "rows": rows}
     atomic_write_text(path, json.dumps(record))
 
 
 def read_cell(path: str, *, config_hash: str, cell: dict[str, Any],
-              check_rows: Callable[[Any], str | None]) -> list[dict[str, Any]]:
-    """The rows of a cell file, or :class:`BadCell` saying why they cannot be reused."""
+              check_rows: Callable[[Any], str | None], any_version: bool = False) -> list[dict[str, Any]]:
+    """The rows of a cell file, or :class:`BadCell` saying why they cannot be reused
+    (:class:`StaleCell` for another opl_rank version's file, unless ``any_version``)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -93,6 +108,9 @@ def read_cell(path: str, *, config_hash: str, cell: dict[str, Any],
     problem = check_rows(record.get("rows"))
     if problem:
         raise BadCell(path, problem)
+    version = str(record.get("opl_rank_version", "(unknown)"))
+    if version != opl_rank_version() and not any_version:
+        raise StaleCell(path, version)
     return record["rows"]
 
 

@@ -1,6 +1,6 @@
 """The maths of the OPL sweep: cells in, rows out (no files, no printing).
 
-A cell is one (D, L, tau, lambda, n, seed): one environment, one logged data set, every
+A cell is one (D, L, tau, lambda, n, seed, *axes): one environment, one logged data set, every
 method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared set of
 evaluation contexts (paired comparisons). :func:`run_group` takes cells that differ only
 in their seed: every method is fitted on all of their data sets at once, vmapped over
@@ -19,10 +19,12 @@ import math
 import time
 from typing import Any, Callable
 
-from experiments.sweep_config import SELECTION_METHODS, OPLSweep, candidate_ks, method_rows
+from experiments.sweep_config import (
+    SELECTION_METHODS, OPLSweep, candidate_ks, cell_config, cell_env_options, method_rows, row_axis_columns,
+)
 from experiments.user_code import import_plugins, load_callable
 
-__all__ = ["run_group", "group_steps", "check_rows", "ROW_COLUMNS"]
+__all__ = ["run_group", "group_steps", "check_rows", "row_columns", "ROW_COLUMNS"]
 
 ROW_COLUMNS = (
     "simulator", "logging_policy", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
@@ -31,10 +33,17 @@ ROW_COLUMNS = (
 _CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "seed", "n": "n"}  # cell key -> row column
 
 
+def row_columns(sweep: OPLSweep) -> tuple[str, ...]:
+    """A row's columns: :data:`ROW_COLUMNS` with one column per declared axis after ``seed``."""
+    at = ROW_COLUMNS.index("seed") + 1
+    return ROW_COLUMNS[:at] + row_axis_columns(sweep) + ROW_COLUMNS[at:]
+
+
 @functools.lru_cache(maxsize=128)
-def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int) -> tuple:
-    """The cell's environment (from the registry) and its ground truth V(pi_0), V*
-    (shared by every n)."""
+def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int,
+                 options: tuple = ()) -> tuple:
+    """The cell's environment (from the registry, with the cell's simulator ``options``) and
+    its ground truth V(pi_0), V* (shared by every n)."""
     from opl_rank import prng
     from simulators import environments
     from simulators.logging_policies import CallableLogging
@@ -45,8 +54,8 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
     if logging_policy not in spec.logging_policies:
         fn = load_callable(sweep.logging_policy, what="logging_policy")
         logging_policy = CallableLogging(fn, n_items, temperature=tau)
-    env = spec.create(k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, tau=tau,
-                      logging_policy=logging_policy, config=sweep)
+    env = environments.create(sweep.simulator, k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, tau=tau,
+                              logging_policy=logging_policy, config=sweep, options=dict(options))
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     return env, v0, v_star, star_method
@@ -54,7 +63,7 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
 
 def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable[[str], None] | None = None,
               on_epoch: Callable[[str, int, dict[str, float]], None] | None = None) -> list[list[dict[str, Any]]]:
-    """Rows of cells that differ only in their seed. Every method is fitted on all the
+    """Rows of cells that differ only in their seed (so share every axis but the seed). Every method is fitted on all the
     seeds' data sets at once (vmapped, :func:`opl_rank.opl.learners.fit_seeds`) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
 
@@ -68,6 +77,9 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
     from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
 
     import_plugins(sweep.plugins)  # a worker process has not imported them yet
+    axes = row_axis_columns(sweep)
+    options = tuple(sorted(cell_env_options(sweep, group[0]).items()))
+    sweep = cell_config(sweep, group[0])  # the group's values of the config axes (policy_epochs, ...)
     from opl_rank.optimization import TrainConfig
     from opl_rank.opl.select_k import select_k
 
@@ -76,7 +88,7 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
     k_fit = jnp.stack([k[3] for k in keys])
     step = on_step or (lambda label: None)
     step("ground truth V(pi_0), V*")
-    truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"]) for c in group]
+    truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"], options) for c in group]
     step(f"logging {group[0]['n']} rounds")
     need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
     datas = [
@@ -148,6 +160,7 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
             rows[s].append({
                 "simulator": sweep.simulator, "logging_policy": sweep.logging_policy, "method": method, "k": k, "reward_model": kind,
                 "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
+                **{name: cell[name] for name in axes},
                 "V": values[s].value, "V_se": values[s].stderr, "V0": v0.value, "V_star": v_star.value,
                 "V_star_method": star_method, "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
                 "fit_seconds": seconds, "k_selected": chosen[s], "selector": selector,
@@ -168,14 +181,16 @@ def check_rows(sweep: OPLSweep, cell: dict[str, Any], rows: Any) -> str | None:
         return "rows are not a list of objects"
     if len(rows) != len(expected):
         return f"{len(rows)} rows, expected {len(expected)}"
+    columns = row_columns(sweep)
+    cell_columns = {**_CELL_COLUMNS, **{name: name for name in row_axis_columns(sweep)}}
     for i, (row, (method, k, kind)) in enumerate(zip(rows, expected)):
-        missing = [c for c in ROW_COLUMNS if c not in row]
+        missing = [c for c in columns if c not in row]
         if missing:
             return f"row {i} lacks column(s) {missing}"
         k_written = None if method in SELECTION_METHODS else k
         if (row["method"], row["k"], row["reward_model"]) != (method, k_written, kind):
             return f"row {i} is {(row['method'], row['k'], row['reward_model'])}, expected {(method, k_written, kind)}"
-        wrong = [col for key, col in _CELL_COLUMNS.items() if row[col] != cell[key]]
+        wrong = [col for key, col in cell_columns.items() if row[col] != cell[key]]
         if wrong:
             return f"row {i} belongs to another cell ({', '.join(f'{c}={row[c]!r}' for c in wrong)})"
     return None

@@ -3,6 +3,22 @@
 Everything here is pure: which cells a config has, which rows each cell holds
 (:func:`method_rows`), how a cell's file is named, and the resolved config written to
 ``config.yaml`` (whose hash identifies every cell a config produced).
+
+**Axes.** The R-POD paper's grid -- ``n_items`` (D), ``ranking_length`` (L), ``tau``,
+``lam``, ``n``, ``seeds`` -- are list keys of the config. Any other option can be an axis
+too, declared under ``axes``::
+
+    axes:
+      interaction_scale: [0.5, 1.0, 2.0]   # a config key: each cell runs with its value
+      policy_epochs: [10, 30]
+      eta: [0.5, 1.0]                      # an option of the simulator (EnvironmentSpec.options)
+    env_options: {eta: 1.0}                # or fixed: a simulator option for every cell
+
+An axis is a scalar config key (:func:`config_axis_names`) or an option the simulator
+declares (:attr:`simulators.environments.EnvironmentSpec.options`). Cells, their file
+names (``..._n1000_interaction_scale0.5``), the rows' columns (one per axis, after
+``seed``), resume and the report's groups all follow the declared axes; a sweep without
+``axes`` names its cells and rows as before.
 """
 
 from __future__ import annotations
@@ -10,7 +26,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
+import typing
 from typing import Any
+
+import yaml
 
 from experiments.config import build_dataclass, load_yaml
 from experiments.grid import as_lists, check_unique
@@ -18,7 +38,8 @@ from experiments.user_code import import_plugins, load_callable
 
 __all__ = [
     "OPLSweep", "load_sweep", "cells", "method_rows", "candidate_ks", "cell_name", "group_key",
-    "resolved_config", "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED", "CELL_KEYS",
+    "resolved_config", "cell_config", "cell_env_options", "config_axis_names", "row_axis_columns",
+    "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED", "CELL_KEYS",
 ]
 
 SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
@@ -26,7 +47,11 @@ GRID_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods",
 NOT_HASHED = ("output_dir",)  # the only key that cannot change a row
 # The grid keys that only choose which cells exist (a cell file records its own D, L, tau,
 # lambda, n, seed): growing them in an existing output_dir reuses the cells already there.
-CELL_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds")
+CELL_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "axes")
+# Keys that cannot be an axis: where and how the sweep runs, and what defines the grid.
+_NOT_AXES = ("simulator", "letor_path", "letor_sha256", "output_dir", "plugins", "axes", "env_options",
+             "vmap_seeds", "devices")
+_PAPER_AXES = {"n_items": "D", "ranking_length": "L", "tau": "tau", "lam": "lam", "n": "n", "seeds": "seed"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +96,14 @@ class OPLSweep:
     output_dir: str = "results/opl_synthetic"
     plugins: tuple[str, ...] = ()  # modules imported first (and in every worker): they register
     # estimators (opl_rank.opl.estimators.register) or environments (simulators.environments.register)
+    axes: Any = None  # {name: [values]}: more grid axes (config keys or simulator options); see the module doc
+    env_options: Any = None  # {name: value}: options of the simulator (its EnvironmentSpec.options)
 
     def __post_init__(self) -> None:
         import_plugins(self.plugins)
+        # Stored as tuples of pairs: the config stays hashable (cells cache their environments).
+        object.__setattr__(self, "env_options", _pairs(self.env_options, "env_options") or None)
+        object.__setattr__(self, "axes", _pairs(self.axes, "axes") or None)
         from opl_rank.opl.learners import learning_methods
         from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
 
@@ -95,6 +125,7 @@ class OPLSweep:
         from simulators import environments
 
         spec = environments.get(self.simulator)
+        self._check_axes(spec)
         if spec.check is not None:
             spec.check(self)
         builtin = spec.logging_policies
@@ -127,27 +158,131 @@ class OPLSweep:
         if self.slot_marginals is not None and self.slot_marginals not in SLOT_MARGINALS:
             raise ValueError(f"slot_marginals must be null or one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
 
+    def _check_axes(self, spec: Any) -> None:
+        """Axes name config keys or the simulator's options; values are unique and typed."""
+        from experiments.config import _coerce
+
+        options = dict(spec.options)
+        for name, _ in self.env_options or ():
+            if name not in options:
+                raise ValueError(f"env_options: simulator {self.simulator!r} has no option {name!r}; "
+                                 f"its options: {sorted(options) or 'none'}")
+        hints = typing.get_type_hints(OPLSweep)
+        coerced = []
+        for name, values in self.axes or ():
+            if name in _PAPER_AXES:
+                raise ValueError(f"axes: {name!r} is a grid key of its own: list its values as {name}: [...]")
+            if name in options:
+                pass  # a simulator option: its factory checks the values
+            elif name in config_axis_names():
+                values = tuple(_coerce(f"axes.{name}[{i}]", v, hints[name]) for i, v in enumerate(values))
+            else:
+                raise ValueError(f"axes: {name!r} is neither a config key that can vary ({', '.join(config_axis_names())}) "
+                                 f"nor an option of simulator {self.simulator!r} ({', '.join(sorted(options)) or 'none'})")
+            if any(v is not None and not isinstance(v, (int, float, str, bool)) for v in values):
+                raise ValueError(f"axes.{name}: values must be numbers, strings or booleans, got {list(values)}")
+            if len(set(values)) != len(values):
+                raise ValueError(f"axes.{name} has duplicate values (in {list(values)}): each grid value must appear once")
+            if name in dict(self.env_options or ()):
+                raise ValueError(f"{name!r} is both an axis and a fixed env_options value: keep one")
+            coerced.append((name, values))
+        object.__setattr__(self, "axes", tuple(coerced) or None)
+        for name, values in self.axes or ():  # each value must make a valid config
+            if name not in options:
+                for v in values:
+                    dataclasses.replace(self, axes=None, **{name: v})
+
+
+def _pairs(value: Any, what: str) -> tuple:
+    """A YAML mapping (or its stored pairs) as ``((name, value), ...)``; axes' values as tuples."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise ValueError(f"{what} must be a mapping of names to {'lists of values' if what == 'axes' else 'values'}, got {value!r}")
+    out = []
+    for name, v in items:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{what}: names must be identifiers, got {name!r}")
+        if what == "axes":
+            if isinstance(v, str) and "," in v:  # --set axes.name=a,b
+                v = [yaml.safe_load(part) for part in v.split(",")]
+            v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+            if not v:
+                raise ValueError(f"axes.{name} must not be empty")
+        out.append((name, v))
+    return tuple(out)
+
+
+def config_axis_names() -> tuple[str, ...]:
+    """The config keys that can be an axis: every scalar key but those of the paper's grid
+    and those that say where or how the sweep runs."""
+    hints = typing.get_type_hints(OPLSweep)
+    return tuple(f.name for f in dataclasses.fields(OPLSweep)
+                 if f.name not in _NOT_AXES and f.name not in _PAPER_AXES and "tuple" not in str(hints[f.name]))
+
+
+def row_axis_columns(sweep: OPLSweep) -> tuple[str, ...]:
+    """The columns the declared ``axes`` add to every row (and cell), in declared order."""
+    return tuple(name for name, _ in sweep.axes or ())
+
+
+def cell_config(sweep: OPLSweep, cell: dict[str, Any]) -> OPLSweep:
+    """The config a cell runs with: the sweep's, with the cell's value of every config axis."""
+    changes = {name: cell[name] for name, _ in sweep.axes or () if name in config_axis_names()}
+    return dataclasses.replace(sweep, **changes) if changes else sweep
+
+
+def cell_env_options(sweep: OPLSweep, cell: dict[str, Any]) -> dict[str, Any]:
+    """The simulator options of a cell: the spec's defaults, ``env_options``, then the cell's axes."""
+    from simulators import environments
+
+    options = dict(environments.get(sweep.simulator).options)
+    options.update(dict(sweep.env_options or ()))
+    options.update({name: cell[name] for name, _ in sweep.axes or () if name in options})
+    return options
+
 
 def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
     from experiments.config import resolve_path
 
     values = load_yaml(config_path)
-    values.update(overrides)
+    for key, value in overrides.items():  # --set axes.NAME=a,b / --set env_options.NAME=v
+        head, dot, name = key.partition(".")
+        if dot and head in ("axes", "env_options"):
+            merged = dict(values.get(head) or {})
+            merged[name] = value
+            values[head] = merged
+        else:
+            values[key] = value
     if values.get("letor_path"):  # as written, else relative to the config file
         values["letor_path"] = os.path.abspath(resolve_path(str(values["letor_path"]), config_path))
     return build_dataclass(OPLSweep, as_lists(values, OPLSweep), source=config_path)
 
 
 def resolved_config(sweep: OPLSweep) -> dict[str, Any]:
-    """The config as written to ``config.yaml`` (lists, not tuples)."""
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
+    """The config as written to ``config.yaml`` (lists, not tuples; ``axes`` and
+    ``env_options`` as mappings). A config key that is an axis is left out: its cells say
+    their values."""
+    out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
+    out["axes"] = {name: list(values) for name, values in sweep.axes} if sweep.axes else None
+    out["env_options"] = dict(sweep.env_options) if sweep.env_options else None
+    for name in row_axis_columns(sweep):
+        out.pop(name, None)
+    return out
 
 
 def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
-    """Every (D, L, tau, lambda, n, seed) cell, in a stable order."""
-    grid = itertools.product(sweep.n_items, sweep.ranking_length, sweep.tau, sweep.lam, sweep.seeds, sweep.n)
-    return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n) for d, l, t, lam, s, n in grid]
+    """Every (D, L, tau, lambda, seed, n, *axes) cell, in a stable order."""
+    grid = itertools.product(sweep.n_items, sweep.ranking_length, sweep.tau, sweep.lam, sweep.seeds, sweep.n,
+                             *(values for _, values in sweep.axes or ()))
+    names = row_axis_columns(sweep)
+    return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n, **dict(zip(names, extra)))
+            for d, l, t, lam, s, n, *extra in grid]
 
 
 def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:
@@ -176,11 +311,17 @@ def candidate_ks(sweep: OPLSweep, n_slots: int) -> tuple[int, ...]:
 
 
 def cell_name(cell: dict[str, Any]) -> str:
-    """The cell's file name under ``cells/`` (without ``.json``)."""
-    return "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
+    """The cell's file name under ``cells/`` (without ``.json``): the paper's coordinates,
+    then ``_<axis><value>`` per declared axis."""
+    name = "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
+    extra = [k for k in cell if k not in _CELL_NAMES]
+    return name + "".join(f"_{k}{re.sub(r'[^A-Za-z0-9.+-]', '-', str(cell[k]))}" for k in extra)
+
+
+_CELL_NAMES = ("D", "L", "tau", "lam", "seed", "n")
 
 
 def group_key(sweep: OPLSweep, cell: dict[str, Any]) -> tuple:
     """Cells with the same key share shapes and are fitted together (their seeds vmapped)."""
-    shape = tuple(cell[k] for k in ("D", "L", "tau", "lam", "n"))
+    shape = tuple(cell[k] for k in ("D", "L", "tau", "lam", "n")) + tuple(cell[k] for k in row_axis_columns(sweep))
     return shape + (() if sweep.vmap_seeds else (cell["seed"],))

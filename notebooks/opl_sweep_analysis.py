@@ -25,7 +25,7 @@ import pandas as pd
 
 from experiments.opl_sweep import OPLSweep, run_sweep
 from experiments.plots import write_plots
-from experiments.report import load_rows, markdown_report
+from experiments.report import load_rows, markdown_report, setting_columns, varying_axes
 
 # Outputs go under the repository root (results/ is git-ignored), also when Jupyter runs this
 # notebook from notebooks/; an absolute OPL_RANK_NOTEBOOK_OUT is used as it is.
@@ -61,20 +61,27 @@ for path in write_plots(rows, OUT, show=True):  # show=True: the figures stay op
 #
 # For every cell: the true best k (the argmax of the ground-truth value over the R-POD
 # fits), the k that `rpod-ope` picked from logged data alone, and the normalised gain lost
-# by picking it.
+# by picking it. A cell is one setting (every column of `results.csv` that is not an
+# outcome: D, L, lambda, n, tau, the simulator and any other sweep axis), reward model and seed,
+# so the true best k is never picked across two taus or two values of another axis.
 
 # %%
 frame = pd.DataFrame(rows)
-keys = ["D", "L", "lambda", "n", "seed", "reward_model"]
+settings = list(setting_columns(rows))  # simulator, logging_policy, lambda, n, D, L, tau, extra axes...
+keys = settings + ["seed", "reward_model"]
 rpod = frame[frame["method"] == "rpod"]
-best = rpod.loc[rpod.groupby(keys)["V"].idxmax(), keys + ["k", "normalized_gain"]].rename(
+best = rpod.loc[rpod.groupby(keys, dropna=False)["V"].idxmax(), keys + ["k", "normalized_gain"]].rename(
     columns={"k": "k_true_best", "normalized_gain": "gain_true_best"}
 )
 picked = frame[frame["method"] == "rpod-ope"][keys + ["k_selected", "normalized_gain"]].rename(columns={"normalized_gain": "gain_ope"})
 selection = best.merge(picked, on=keys)
 selection["gain_lost"] = selection["gain_true_best"] - selection["gain_ope"]
 selection.to_csv(os.path.join(OUT, "k_selection.csv"), index=False)
-summary = selection.groupby(["lambda", "n"]).agg(
+# one summary row per setting: D, L, lambda, every other axis that varies in this sweep, n
+by = ["D", "L", "lambda", *varying_axes(rows), "n"]
+if selection["reward_model"].nunique() > 1:
+    by.append("reward_model")
+summary = selection.groupby(by, dropna=False).agg(
     k_true_best=("k_true_best", lambda s: ",".join(map(str, s))), k_ope=("k_selected", lambda s: ",".join(map(str, s))),
     gain_lost_mean=("gain_lost", "mean"),
 )

@@ -23,7 +23,7 @@ from opl_rank.pl import marginals, plackett_luce
 from opl_rank.pl import gradients as ltr_estimators
 from opl_rank.compilation_cache import enable_compilation_cache
 from opl_rank.data import LoggedData, minibatches, train_val_split
-from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, learning_methods
+from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, learning_methods, register_learner
 from opl_rank.pl.marginals import (
     PositionMarginals,
     estimate_position_marginals,
@@ -47,7 +47,7 @@ from opl_rank.pl.plackett_luce import (
     sample_rankings,
     slot_log_probs,
 )
-from opl_rank.io.persistence import load_policy, save_policy
+from opl_rank.io.persistence import load_policy, register_policy_class, save_policy
 from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
 from opl_rank.prng import make_key, split_seed
 from opl_rank.opl.reward_models import RewardModel, fit_reward_model
@@ -101,6 +101,7 @@ __all__ = [
     "fit",
     "fit_seeds",
     "learning_methods",
+    "register_learner",
     "TrainConfig",
     "minimize",
     "RewardModel",
@@ -117,6 +118,7 @@ __all__ = [
     "greedy_rankings",
     "save_policy",
     "load_policy",
+    "register_policy_class",
     # Plackett-Luce
     "all_rankings",
     "enumerate_position_marginals",

@@ -162,15 +162,16 @@ class LoggedData(struct.PyTreeNode):
 
     # -- tables (pandas, Parquet, CSV; schema: docs/data_format.md, code: opl_rank.io.tabular) --
     @classmethod
-    def from_pandas(cls, frame: Any, *, n_items: int | None = None, alpha: Any = None) -> "LoggedData":
+    def from_pandas(cls, frame: Any, *, n_items: int | None = None, position_weight: Any = None,
+                    alpha: Any = None) -> "LoggedData":
         """From a DataFrame with one row per round and list columns ``context``, ``ranking``,
         ``reward``, ``log_pi0_prefix`` (or ``pi0_prefix``) and optionally
         ``log_pi0_position_marginal`` (or ``pi0_position_marginal``), ``item_mask``,
         ``item_features``; other columns are ignored.
 
-        ``n_items`` and ``alpha`` (the position weights) default to ``frame.attrs["opl_rank"]``,
+        ``n_items`` and ``position_weight`` (``[L]``; ``alpha`` is its deprecated old name) default to ``frame.attrs["opl_rank"]``,
         then constant columns ``n_items`` / ``position_weight``; without them ``n_items`` is
-        the item_mask's width or ``max(ranking) + 1`` and alpha is DCG. An argument that
+        the item_mask's width or ``max(ranking) + 1`` and the position weights are DCG. An argument that
         contradicts the frame is an error.
 
         Raises:
@@ -181,17 +182,18 @@ class LoggedData(struct.PyTreeNode):
         """
         from opl_rank.io import tabular
 
-        return tabular.from_pandas(frame, n_items=n_items, alpha=alpha)
+        return tabular.from_pandas(frame, n_items=n_items, position_weight=position_weight, alpha=alpha)
 
     def to_pandas(self) -> Any:
         """A DataFrame in :meth:`from_pandas`'s schema (cells are NumPy arrays of the stored
-        dtypes); ``n_items``, alpha and shared item features in ``frame.attrs["opl_rank"]``."""
+        dtypes); ``n_items``, the position weights and shared item features in ``frame.attrs["opl_rank"]``."""
         from opl_rank.io import tabular
 
         return tabular.to_pandas(self)
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> "LoggedData":
+    def from_parquet(cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
+                     alpha: Any = None) -> "LoggedData":
         """Read a Parquet file in :meth:`from_pandas`'s schema; dataset-level values from its
         key-value metadata ``opl_rank`` (JSON), as :meth:`to_parquet` writes them.
 
@@ -201,7 +203,7 @@ class LoggedData(struct.PyTreeNode):
         """
         from opl_rank.io import tabular
 
-        return tabular.from_parquet(path, n_items=n_items, alpha=alpha)
+        return tabular.from_parquet(path, n_items=n_items, position_weight=position_weight, alpha=alpha)
 
     def to_parquet(self, path: str | os.PathLike) -> None:
         """Write a Parquet file atomically (reads back exactly with :meth:`from_parquet`)."""
@@ -210,12 +212,13 @@ class LoggedData(struct.PyTreeNode):
         tabular.to_parquet(self, path)
 
     @classmethod
-    def from_csv(cls, path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> "LoggedData":
+    def from_csv(cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
+                 alpha: Any = None) -> "LoggedData":
         """Read a CSV file: list cells as JSON (``"[0, 3, 1]"``) or space-separated (``0 3 1``);
         ``n_items`` / ``position_weight`` as arguments or constant columns."""
         from opl_rank.io import tabular
 
-        return tabular.from_csv(path, n_items=n_items, alpha=alpha)
+        return tabular.from_csv(path, n_items=n_items, position_weight=position_weight, alpha=alpha)
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write a CSV file (JSON list cells, constant ``n_items`` / ``position_weight``

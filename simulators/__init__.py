@@ -8,7 +8,7 @@ from simulators.logging_policies import (
 )
 from simulators.letor import LetorData, load_letor, normalize_per_query, split_queries, take_queries
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
-from simulators.synthetic import SyntheticRankingEnv, SyntheticRewardModel
+from simulators.synthetic import SyntheticRankingEnv, SyntheticRewardModel, SyntheticRewards
 from simulators import datasets
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "evaluate_policy",
     "rollout_logging_policy",
     "SyntheticRankingEnv",
-    "SyntheticRewardModel",
+    "SyntheticRewards",
+    "SyntheticRewardModel",  # the name before 0.2.0 (one release)
     "datasets",
 ]

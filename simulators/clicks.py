@@ -11,7 +11,7 @@ of rank ``k`` (1-based) is ``p(k) = (1 / k)^eta``. Two browsing models:
   ``k1, k2`` is ``p(max(k1, k2))``.
 
 Examination does not depend on relevance here (the paper allows it to; its estimator only
-needs the probabilities). :class:`ClickRewardModel` turns any environment's reward model
+needs the probabilities). :class:`ClickRewards` turns any environment's reward model
 into a binary-click one: its expected rewards are read as relevance probabilities.
 """
 
@@ -29,7 +29,7 @@ from flax import struct
 __all__ = [
     "BROWSING_MODELS",
     "ClickModel",
-    "ClickRewardModel",
+    "ClickRewards", "ClickRewardModel",
     "relevance_probability",
     "joint_examination_from_swaps",
     "simulate_swap_intervention",
@@ -112,12 +112,12 @@ def relevance_probability(labels: jax.Array, max_label: int = 4) -> jax.Array:
     return (2.0**labels - 1.0) / (2.0**max_label - 1.0)
 
 
-class ClickRewardModel(struct.PyTreeNode):
+class ClickRewards(struct.PyTreeNode):
     """Binary clicks as an environment's position rewards: ``r_l = e_l * Bernoulli(rho_l)``.
 
     ``rho_l``, the relevance probability of the item at slot ``l``, is the wrapped reward
     model's expected reward clipped to [0, 1]. Any environment accepts it in place of its
-    reward model (``dataclasses.replace(env, reward_model=ClickRewardModel(...))``): it
+    reward model (``dataclasses.replace(env, reward_model=ClickRewards(...))``): it
     offers the same ``expected_reward`` / ``sample_reward`` interface, with
     ``E[r_l] = p(l) * rho_l`` since examination does not depend on relevance.
 
@@ -302,3 +302,5 @@ def simulate_click_logs(
         query=query, docs=docs, mask=shown, clicks=np.asarray(clicks) & shown, relevant=np.asarray(relevant) & shown,
         examination=np.asarray(model.examination()), joint_examination=np.asarray(model.joint_examination()),
     )
+
+ClickRewardModel = ClickRewards  # its name before 0.2.0 (one release)

@@ -5,23 +5,27 @@ An environment samples logged data from its logging policy and knows the ground 
 the reward model's job (``reward_model.best_rankings``); :func:`best_rankings_by_enumeration`
 serves any reward model with ``expected_reward`` while the rankings can be enumerated.
 
-A new simulator plugs into ``opl-rank sweep`` by registration::
+A new simulator plugs into ``opl-rank sweep`` and ``opl-rank simulate`` by registration::
 
     from simulators import environments
-    environments.register("my_env", environments.EnvironmentSpec(create=my_factory))
+    environments.register("my_env", environments.EnvironmentSpec(create=my_factory, options={"eta": 1.0}))
 
-where ``my_factory(key, *, n_items, ranking_length, lam, tau, logging_policy, config)``
-returns an object following :class:`Environment` (``config`` is the sweep config, for
-simulator-specific options; ``logging_policy`` is one of the spec's built-in names or a
-callable ``(context, item_features) -> logits``). Name the module in
-the sweep config's ``plugins`` so every worker imports it.
+where ``my_factory(key, *, n_items, ranking_length, logging_policy, config, eta)`` returns an
+object following :class:`Environment`. It is called with the options it declares (here
+``eta``: a sweep's ``env_options`` value or ``axes`` value, else the declared default), and
+with ``lam`` and ``tau`` (the paper's axes) only if its signature names them or takes
+``**kwargs``. ``config`` is the cell's sweep config (``opl-rank simulate`` builds one from its ``--set`` values);
+``logging_policy`` is one of the spec's built-in names or a callable
+``(context, item_features) -> logits``. Name the module in the sweep config's ``plugins``
+(or ``opl-rank simulate --plugin``) so every worker imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +40,7 @@ __all__ = [
     "ENVIRONMENTS",
     "register",
     "get",
+    "create",
     "best_rankings_by_enumeration",
 ]
 
@@ -66,17 +71,21 @@ class EnvironmentSpec:
     """A registry entry.
 
     Attributes:
-      create: ``(key, *, n_items, ranking_length, lam, tau, logging_policy, config) -> Environment``.
+      create: ``(key, *, n_items, ranking_length, logging_policy, config, [lam, tau,]
+        **options) -> Environment`` (see the module docstring).
       logging_policies: built-in logging policy names it accepts (the first is the default);
         any environment also takes ``module:function``.
       repeats_contexts: logged rounds share contexts (two-step reward models need it).
       check: optional ``check(config)`` raising a ValueError for a config it cannot run.
+      options: the simulator's own options and their defaults (``{"eta": 1.0}``): each can
+        be a sweep axis or an ``env_options`` value, and is passed to ``create`` by name.
     """
 
     create: Callable[..., Any]
     logging_policies: tuple[str, ...] = ()
     repeats_contexts: bool = False
     check: Callable[[Any], None] | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 ENVIRONMENTS: dict[str, EnvironmentSpec] = {}
@@ -98,6 +107,26 @@ def get(name: str) -> EnvironmentSpec:
         return ENVIRONMENTS[name]
     except KeyError:
         raise ValueError(f"unknown simulator {name!r}; registered: {sorted(ENVIRONMENTS)}") from None
+
+
+def create(name: str, key: jax.Array, *, n_items: int, ranking_length: int, lam: float, tau: float,
+           logging_policy: Any, config: Any = None, options: Mapping[str, Any] | None = None) -> Any:
+    """Build the registered environment ``name``: its factory gets ``options`` (over the
+    spec's defaults; an unknown name is a ValueError listing the known ones), and ``lam`` /
+    ``tau`` when its signature takes them."""
+    spec = get(name)
+    merged = dict(spec.options)
+    unknown = sorted(set(options or {}) - set(merged))
+    if unknown:
+        raise ValueError(f"simulator {name!r} has no option(s) {unknown}; its options: {sorted(merged) or 'none'}")
+    merged.update(options or {})
+    params = inspect.signature(spec.create).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for paper, value in (("lam", lam), ("tau", tau)):
+        if takes_any or paper in params:
+            merged[paper] = value
+    return spec.create(key, n_items=n_items, ranking_length=ranking_length, logging_policy=logging_policy,
+                       config=config, **merged)
 
 
 def best_rankings_by_enumeration(

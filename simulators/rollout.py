@@ -22,6 +22,7 @@ from opl_rank.pl import plackett_luce as pl
 from opl_rank.opl.policies import MIN_MARGINAL
 
 __all__ = [
+    "GroundTruthRewards",
     "RewardModel",
     "PolicyValue",
     "chunk_rows",
@@ -33,7 +34,7 @@ __all__ = [
 POSITION_MARGINAL_MODES = ("none", "exact")
 
 
-class RewardModel(Protocol):
+class GroundTruthRewards(Protocol):
     """Ground truth of an environment (a pytree, so it passes through ``jit``)."""
 
     def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
@@ -41,6 +42,9 @@ class RewardModel(Protocol):
 
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """``[n, dx], [n, L] -> [n, L]`` sampled r_l."""
+
+
+RewardModel = GroundTruthRewards  # its name before 0.2.0 (one release): opl_rank's RewardModel is the fitted f_hat
 
 
 class PolicyValue(NamedTuple):
@@ -106,7 +110,7 @@ def rollout_logging_policy(
       n: rows.
       sample_contexts: ``(key, m) -> [m, dx]``.
       logging_logits: ``[m, dx] -> [m, D]`` logging PL logits (may be non-JAX code).
-      reward_model: a :class:`RewardModel` pytree.
+      reward_model: a :class:`GroundTruthRewards` pytree.
       n_items: ``D``.
       n_slots: ``L``.
       position_marginals: ``"none"`` or ``"exact"`` (logged ``log P_0(a_l = a_il)`` by
@@ -188,7 +192,7 @@ def evaluate_policy(
       key: PRNG key (contexts and the policy's own randomness).
       n_contexts: contexts drawn (one ranking each).
       sample_contexts: ``(key, m) -> [m, dx]``.
-      reward_model: the environment's :class:`RewardModel`.
+      reward_model: the environment's :class:`GroundTruthRewards`.
       position_weight: ``[L]`` alpha.
       n_items: ``D`` (to size chunks).
       progress: called with the number of contexts done after each chunk (see

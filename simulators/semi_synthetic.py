@@ -34,7 +34,7 @@ from simulators.letor import LetorData
 from simulators.logging_policies import UniformLogging, as_logging_policy
 from simulators.synthetic import InteractionRewards, SyntheticRankingEnv, check_environment_args, symmetric_interaction
 
-__all__ = ["SemiSyntheticRewardModel", "TableLogging", "SemiSyntheticEnv", "LOGGING_POLICIES", "forest_relevance_scores"]
+__all__ = ["SemiSyntheticRewards", "SemiSyntheticRewardModel", "TableLogging", "SemiSyntheticEnv", "LOGGING_POLICIES", "forest_relevance_scores"]
 
 LOGGING_POLICIES = ("random_forest", "uniform")
 
@@ -43,7 +43,7 @@ def _query_index(context: jax.Array) -> jax.Array:
     return context[:, -1].astype(jnp.int32)
 
 
-class SemiSyntheticRewardModel(InteractionRewards, struct.PyTreeNode):
+class SemiSyntheticRewards(InteractionRewards, struct.PyTreeNode):
     """Rewards ``rel/4 + eta + lambda-interactions`` per query (a pytree).
 
     Attributes:
@@ -162,7 +162,7 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
         n_q, n_features = len(keep), features.shape[-1]
 
         eta = jax.random.normal(k_eta, (n_q, n_items), jnp.float32) * eta_scale
-        reward_model = SemiSyntheticRewardModel(
+        reward_model = SemiSyntheticRewards(
             base_table=jnp.asarray(labels / max_label) + eta,
             interaction=symmetric_interaction(k_w, n_items, interaction_scale),
             lam=jnp.asarray(lam, jnp.float32),
@@ -231,3 +231,5 @@ def forest_relevance_scores(
     forest = RandomForestRegressor(**settings).fit(x, y)
     flat = np.asarray(features, np.float32).reshape(-1, features.shape[-1])
     return forest.predict(flat).reshape(features.shape[:-1]).astype(np.float32)
+
+SemiSyntheticRewardModel = SemiSyntheticRewards  # its name before 0.2.0 (one release)

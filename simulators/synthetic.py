@@ -30,7 +30,7 @@ from opl_rank.metrics import dcg_position_weights
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 
-__all__ = ["InteractionRewards", "SyntheticRewardModel", "SyntheticRankingEnv", "symmetric_interaction"]
+__all__ = ["InteractionRewards", "SyntheticRewards", "SyntheticRewardModel", "SyntheticRankingEnv", "symmetric_interaction"]
 
 
 class InteractionRewards:
@@ -114,7 +114,7 @@ class InteractionRewards:
         return mean + self.sigma * jax.random.normal(k_noise, rankings.shape, jnp.float32)
 
 
-class SyntheticRewardModel(InteractionRewards, struct.PyTreeNode):
+class SyntheticRewards(InteractionRewards, struct.PyTreeNode):
     """Ground-truth rewards of the synthetic environment (a pytree: ``lambda`` and
     ``sigma`` are arrays, so new values do not recompile).
 
@@ -166,7 +166,7 @@ class SyntheticRankingEnv:
       ((100, 3), (100, 3))
     """
 
-    reward_model: SyntheticRewardModel
+    reward_model: SyntheticRewards
     logging_policy: Callable[[jax.Array, jax.Array | None], jax.Array]
     position_weight: jax.Array  # [L]
     item_features: jax.Array  # [D, D]: one-hot item identities, passed to logging policies
@@ -217,7 +217,7 @@ class SyntheticRankingEnv:
         )
 
         k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
-        reward_model = SyntheticRewardModel(
+        reward_model = SyntheticRewards(
             theta=jax.random.normal(k_theta, (n_items, context_dim), jnp.float32),
             bias=jax.random.normal(k_bias, (n_items,), jnp.float32) * bias_scale,
             interaction=symmetric_interaction(k_w, n_items, interaction_scale),
@@ -402,3 +402,5 @@ def check_environment_args(
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+SyntheticRewardModel = SyntheticRewards  # its name before 0.2.0 (one release)

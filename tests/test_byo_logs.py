@@ -80,8 +80,13 @@ def test_probabilities_defaults_and_text_cells():
     assert data.n_items == 4  # max item index + 1
     np.testing.assert_allclose(np.exp(np.asarray(data.log_pi0_prefix[0])), [0.5, 0.25], rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(data.position_weight), np.asarray(dcg_position_weights(2)))
-    data = LoggedData.from_pandas(small_frame(), n_items=6, alpha=[1.0, 0.5])
+    data = LoggedData.from_pandas(small_frame(), n_items=6, position_weight=[1.0, 0.5])
     assert data.n_items == 6 and np.asarray(data.position_weight).tolist() == [1.0, 0.5]
+    with pytest.warns(DeprecationWarning, match="alpha= is now position_weight="):  # the old keyword, one release
+        old = LoggedData.from_pandas(small_frame(), n_items=6, alpha=[1.0, 0.5])
+    assert np.asarray(old.position_weight).tolist() == [1.0, 0.5]
+    with pytest.raises(TypeError, match="not both"):
+        LoggedData.from_pandas(small_frame(), position_weight=[1.0, 0.5], alpha=[1.0, 0.5])
     text = small_frame()
     for name in ("context", "ranking", "reward"):
         text[name] = [" ".join(str(v) for v in row) for row in text[name]]  # space-separated

@@ -10,7 +10,7 @@ from opl_rank import make_key
 from simulators import SyntheticRankingEnv
 from simulators.clicks import (
     ClickModel,
-    ClickRewardModel,
+    ClickRewards,
     joint_examination_from_swaps,
     relevance_probability,
     simulate_swap_intervention,
@@ -65,7 +65,7 @@ def test_swap_intervention_recovers_joint_examination(browsing):
 @pytest.mark.slow
 def test_click_rewards_as_an_environments_reward_model():
     env = SyntheticRankingEnv.create(make_key(0), n_items=6, ranking_length=3, bias_scale=0.3)
-    clicks = ClickRewardModel(env.reward_model, ClickModel("continuous", 3))
+    clicks = ClickRewards(env.reward_model, ClickModel("continuous", 3))
     clicked_env = dataclasses.replace(env, reward_model=clicks)
     data = clicked_env.sample_logged_data(make_key(1), 8000)
     reward = np.asarray(data.reward)
@@ -78,4 +78,4 @@ def test_click_rewards_as_an_environments_reward_model():
     value = clicked_env.policy_value(clicked_env.logging_policy_sampler(), make_key(2), 2000)
     assert 0.0 < value.value < float(jnp.sum(env.position_weight))
     with pytest.raises(ValueError, match="covers 2 positions"):
-        ClickRewardModel(env.reward_model, ClickModel("continuous", 2)).expected_reward(data.context, data.ranking)
+        ClickRewards(env.reward_model, ClickModel("continuous", 2)).expected_reward(data.context, data.ranking)

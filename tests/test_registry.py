@@ -76,8 +76,8 @@ def test_an_outside_environment_is_swept(tmp_path):
             "--set", "n=400", "--set", "seeds=0", "--set", "eval_contexts=2000", "--set", "policy_epochs=3", "--set", "ks=0,1",
             "--set", "reward_epochs=30", "--set", f"output_dir={out}"]
     assert main(args) == 0
-    assert isinstance(environments.get("toy").create(make_key(0), n_items=4, ranking_length=2, lam=0.0, tau=1.0,
-                                                     logging_policy="uniform", config=None), environments.Environment)
+    assert isinstance(environments.create("toy", make_key(0), n_items=4, ranking_length=2, lam=0.0, tau=1.0,
+                                          logging_policy="uniform"), environments.Environment)
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["ips", "regression"] and {r["simulator"] for r in rows} == {"toy"}
@@ -87,14 +87,14 @@ def test_an_outside_environment_is_swept(tmp_path):
 
 
 def test_click_rewards_have_a_best_ranking_in_the_synthetic_environment():
-    """The best ranking is the reward model's job: a ClickRewardModel gets V* exactly."""
+    """The best ranking is the reward model's job: a ClickRewards gets V* exactly."""
     import dataclasses
 
     from simulators import SyntheticRankingEnv
-    from simulators.clicks import ClickModel, ClickRewardModel
+    from simulators.clicks import ClickModel, ClickRewards
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=5, ranking_length=3, lam=0.5)
-    clicks = dataclasses.replace(env, reward_model=ClickRewardModel(env.reward_model, ClickModel("independent", 3)))
+    clicks = dataclasses.replace(env, reward_model=ClickRewards(env.reward_model, ClickModel("independent", 3)))
     v_star, method = clicks.optimal_value(make_key(1), 2000)
     v0 = clicks.logging_policy_value(make_key(1), 2000)
     assert method == "exact" and v_star.value > v0.value

@@ -18,8 +18,16 @@ checks the format version, the checksum and the parameters' shapes against the s
 error. Supported: :class:`~opl_rank.opl.policies.PLPolicy`,
 :class:`~opl_rank.opl.policies.RegressionPolicy` and :class:`~opl_rank.opl.policies.TwoStagePolicy`
 over the scorers of :func:`opl_rank.scorers.make_scorer` and the reward models of
-:func:`opl_rank.opl.reward_models.fit_reward_model` (any kind). The layout is described in
+:func:`opl_rank.opl.reward_models.fit_reward_model` (any kind), and any policy class
+registered with :func:`register_policy_class`. The layout is described in
 docs/data_format.md.
+
+Each policy class writes and reads its own spec (``to_spec(writer)`` returning
+:class:`~opl_rank.opl.policies.PolicyParts`, the classmethod ``from_spec(spec, arrays,
+reader)``); this module only keeps the registry of spec names (``"class"`` in the spec)
+and the helpers for nested parts: :class:`SpecWriter` and :class:`SpecReader` save and
+rebuild policies (a two-stage policy's first stage is a saved policy spec of its own),
+scorers and reward models.
 """
 
 from __future__ import annotations
@@ -36,12 +44,12 @@ import numpy as np
 from flax import serialization
 
 from opl_rank.io.atomic import atomic_write, atomic_write_text
-from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl.policies import PLPolicy, PolicyParts, RegressionPolicy, TwoStagePolicy
 from opl_rank.opl.reward_models import RewardModel, _SlotValues
 from opl_rank.scorers import ActionScorer, ItemFeatureScorer
 
-__all__ = ["save_policy", "load_policy", "read_policy_spec", "check_context_dim", "SPEC_FILE", "PARAMS_FILE",
-           "FORMAT", "FORMAT_VERSION"]
+__all__ = ["save_policy", "load_policy", "read_policy_spec", "check_context_dim", "register_policy_class",
+           "policy_classes", "SpecWriter", "SpecReader", "SPEC_FILE", "PARAMS_FILE", "FORMAT", "FORMAT_VERSION"]
 
 SPEC_FILE = "policy.json"
 PARAMS_FILE = "params.msgpack"
@@ -49,6 +57,65 @@ FORMAT = "opl_rank.policy"
 FORMAT_VERSION = "1.0"  # major.minor: another major is refused; minors only add optional keys
 
 _SCORERS = {"ActionScorer": ActionScorer, "ItemFeatureScorer": ItemFeatureScorer}
+
+# spec name ("class" in policy.json) -> policy class, in registration order
+_POLICY_CLASSES: dict[str, type] = {}
+
+
+# -- the registry of policy classes ----------------------------------------------------
+
+
+def register_policy_class(cls: type | None = None, *, name: str | None = None, replace: bool = False) -> Any:
+    """Let :func:`save_policy` and :func:`load_policy` handle the policy class ``cls``.
+
+    Usable as a decorator (``@register_policy_class``) or a call. The class provides
+    ``to_spec(self, writer) -> PolicyParts`` and the classmethod ``from_spec(spec, arrays,
+    reader)`` (:class:`~opl_rank.opl.policies.RankingPolicy`); it is saved under ``name``
+    (default: its ``spec_name`` attribute, else its ``__name__``), the spec's ``"class"``.
+
+    Args:
+      cls: the class (omitted: a decorator is returned).
+      name: the stable spec name.
+      replace: allow another class to take a registered name.
+
+    Returns:
+      ``cls`` (or the decorator).
+
+    Raises:
+      TypeError: ``cls`` lacks ``to_spec`` or ``from_spec``.
+      ValueError: an empty name, or a name taken by another class (unless ``replace``).
+    """
+    def add(cls: type) -> type:
+        spec_name = name if name is not None else getattr(cls, "spec_name", None) or getattr(cls, "__name__", None)
+        if not isinstance(spec_name, str) or not spec_name:
+            raise ValueError(f"register_policy_class: the spec name must be a non-empty string, got {spec_name!r}")
+        missing = [m for m in ("to_spec", "from_spec") if not callable(getattr(cls, m, None))]
+        if missing:
+            raise TypeError(f"register_policy_class: {getattr(cls, '__name__', cls)!r} lacks {' and '.join(missing)} "
+                            "(see opl_rank.opl.policies.RankingPolicy)")
+        taken = _POLICY_CLASSES.get(spec_name)
+        if taken is not None and taken is not cls and not replace:
+            raise ValueError(f"policy class name {spec_name!r} is already registered (by {taken.__module__}.{taken.__qualname__})")
+        _POLICY_CLASSES[spec_name] = cls
+        return cls
+
+    return add if cls is None else add(cls)
+
+
+def policy_classes() -> dict[str, type]:
+    """The registered policy classes by spec name (a copy)."""
+    return dict(_POLICY_CLASSES)
+
+
+def _spec_name(policy: Any) -> str | None:
+    for spec_name, cls in _POLICY_CLASSES.items():
+        if type(policy) is cls:
+            return spec_name
+    return None
+
+
+def _known() -> str:
+    return ", ".join(_POLICY_CLASSES)
 
 
 # -- saving ----------------------------------------------------------------------------
@@ -58,7 +125,8 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
     """Save ``policy`` to ``directory`` (created if needed; its two files are replaced).
 
     Args:
-      policy: a PLPolicy, RegressionPolicy or TwoStagePolicy.
+      policy: a PLPolicy, RegressionPolicy or TwoStagePolicy, or an instance of a class
+        registered with :func:`register_policy_class`.
       directory: where to write ``policy.json`` and ``params.msgpack``.
       config: optionally the :class:`~opl_rank.opl.learners.LearnerConfig` (or any dataclass
         or JSON-able dict) that produced the policy; stored in the spec for reference.
@@ -76,19 +144,17 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
     directory = os.fspath(directory)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"{directory}: exists and is not a directory")
-    spec, arrays = _policy_spec(policy)
-    payload = serialization.msgpack_serialize(arrays)
-    n_slots = int(policy.n_slots)
-    k = {"PLPolicy": n_slots, "RegressionPolicy": 0, "TwoStagePolicy": spec.get("first_stage", {}).get("n_slots")}[spec["class"]]
+    parts = SpecWriter().policy(policy)
+    payload = serialization.msgpack_serialize(parts.arrays)
     document = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "opl_rank_version": __version__,
-        "policy": spec,
-        "n_items": spec.pop("_n_items"),
-        "n_slots": n_slots,
-        "k": k,
-        "context_dim": spec.pop("_context_dim"),
+        "policy": parts.spec,
+        "n_items": parts.n_items,
+        "n_slots": int(policy.n_slots),
+        "k": parts.k,
+        "context_dim": parts.context_dim,
         "params_file": PARAMS_FILE,
         "params_sha256": hashlib.sha256(payload).hexdigest(),
         "config": _jsonable(config, "config"),
@@ -129,12 +195,6 @@ def _scorer_spec(module: Any, params: Any) -> tuple[dict, int]:
     return spec, int(np.shape(params["Dense_0"]["kernel"])[0])
 
 
-def _pl_spec(policy: PLPolicy) -> tuple[dict, Any, int, int]:
-    scorer, context_dim = _scorer_spec(policy.module, policy.params["params"])
-    spec = {"class": "PLPolicy", "scorer": scorer, "n_slots": int(policy.n_slots)}
-    return spec, {"scorer": _host(policy.params)}, scorer["n_items"], context_dim
-
-
 def _reward_spec(model: Any) -> tuple[dict, Any, int]:
     if type(model) is not RewardModel or type(model.module) is not _SlotValues:
         raise TypeError(f"save_policy rebuilds reward models of opl_rank.opl.reward_models.fit_reward_model, got {type(model).__name__}")
@@ -152,24 +212,52 @@ def _reward_spec(model: Any) -> tuple[dict, Any, int]:
     return spec, arrays, context_dim
 
 
-def _policy_spec(policy: Any) -> tuple[dict, Any]:
-    if type(policy) is PLPolicy:
-        spec, arrays, n_items, context_dim = _pl_spec(policy)
-    elif type(policy) is RegressionPolicy:
-        model, arrays, context_dim = _reward_spec(policy.reward_model)
-        spec, arrays, n_items = {"class": "RegressionPolicy", "reward_model": model}, {"reward_model": arrays}, model["module"]["n_items"]
-    elif type(policy) is TwoStagePolicy:
-        if type(policy.first_stage) is not PLPolicy:
-            raise TypeError(f"save_policy: a TwoStagePolicy's first stage must be a PLPolicy, got {type(policy.first_stage).__name__}")
-        first, first_arrays, n_items, context_dim = _pl_spec(policy.first_stage)
-        model, model_arrays, _ = _reward_spec(policy.reward_model)
-        spec = {"class": "TwoStagePolicy", "first_stage": first, "reward_model": model,
-                "n_samples": int(policy.n_samples), "max_enumerated": int(policy.max_enumerated)}
-        arrays = {"first_stage": first_arrays, "reward_model": model_arrays}
-    else:
-        raise TypeError(f"save_policy saves PLPolicy, RegressionPolicy and TwoStagePolicy, got {type(policy).__name__}")
-    spec["_n_items"], spec["_context_dim"] = n_items, context_dim
-    return spec, arrays
+class SpecWriter:
+    """What a policy's ``to_spec(writer)`` saves its nested parts with."""
+
+    def policy(self, policy: Any) -> PolicyParts:
+        """A (nested) policy's :class:`~opl_rank.opl.policies.PolicyParts`, its spec led by
+        ``"class"`` (its registered name).
+
+        Raises:
+          TypeError: an unregistered policy class, or a ``to_spec`` that does not return
+            PolicyParts of a dict spec and int sizes.
+        """
+        spec_name = _spec_name(policy)
+        if spec_name is None:
+            raise TypeError(f"save_policy saves PLPolicy, RegressionPolicy and TwoStagePolicy and the classes registered "
+                            f"with opl_rank.io.persistence.register_policy_class (registered: {_known()}), "
+                            f"got {type(policy).__name__}")
+        parts = policy.to_spec(self)
+        if not isinstance(parts, tuple) or len(parts) != len(PolicyParts._fields):
+            raise TypeError(f"save_policy: {type(policy).__name__}.to_spec must return PolicyParts"
+                            f"{PolicyParts._fields}, got {type(parts).__name__}")
+        parts = PolicyParts(*parts)
+        if not isinstance(parts.spec, dict) or "class" in parts.spec:
+            raise TypeError(f"save_policy: {type(policy).__name__}.to_spec's spec must be a dict without a 'class' key")
+        for field in ("n_items", "context_dim", "k"):
+            value = getattr(parts, field)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"save_policy: {type(policy).__name__}.to_spec's {field} must be an int, got {value!r}")
+        head: dict[str, Any] = {"class": spec_name}
+        module = type(policy).__module__
+        if module.split(".")[0] != "opl_rank":  # a plugin's class: the loader's error names its module
+            head["class_module"] = module
+        return PolicyParts({**head, **parts.spec}, parts.arrays, int(parts.n_items), int(parts.context_dim), int(parts.k))
+
+    def scorer(self, module: Any, params: Any) -> tuple[dict, int]:
+        """A scorer's spec (class and fields) and the context dimension its parameters imply
+        (``params``: the module's ``"params"`` collection)."""
+        return _scorer_spec(module, params)
+
+    def reward_model(self, model: Any) -> tuple[dict, Any, int]:
+        """A reward model's spec, its arrays and its context dimension."""
+        return _reward_spec(model)
+
+    @staticmethod
+    def arrays(tree: Any) -> Any:
+        """A pytree of parameters as nested dicts of NumPy arrays (what msgpack stores)."""
+        return _host(tree)
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -226,7 +314,7 @@ def load_policy(directory: str | os.PathLike) -> Any:
     except Exception as err:  # msgpack raises its own exception types
         raise ValueError(f"{path}: not a readable parameters file ({type(err).__name__}: {err})") from err
     try:
-        return _build_policy(spec["policy"], arrays, int(spec["context_dim"]), path)
+        return SpecReader(int(spec["context_dim"]), path).policy(spec["policy"], arrays)
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{spec_path}: malformed policy spec ({type(err).__name__}: {err})") from err
 
@@ -237,43 +325,79 @@ def check_context_dim(spec: dict, context_dim: int) -> None:
     scorers, whose further columns are ignored)."""
     expected = int(spec["context_dim"])
     policy = spec["policy"]
-    scorer = (policy.get("first_stage") or policy).get("scorer")
+    scorer = _first_part(policy, "scorer")  # a two-stage (or plugin) policy's own nested parts
+    reward = _first_part(policy, "reward_model")
     item_features = (scorer or {}).get("class") == "ItemFeatureScorer" or (
-        scorer is None and policy["reward_model"]["module"].get("item_feature_dim") is not None)
+        scorer is None and reward is not None and reward["module"].get("item_feature_dim") is not None)
     if item_features and context_dim < expected:
         raise ValueError(f"contexts have {context_dim} columns; the policy reads the first {expected} (n_items * n_features)")
     if not item_features and context_dim != expected:
         raise ValueError(f"contexts have {context_dim} columns; the policy was trained on {expected}")
 
 
-def _build_policy(spec: dict, arrays: Any, context_dim: int, path: str) -> Any:
-    cls = spec["class"]
-    if cls == "PLPolicy":
-        return _build_pl(spec, _part(arrays, "scorer", path), context_dim, path)
-    if cls == "RegressionPolicy":
-        return RegressionPolicy(_build_reward(spec["reward_model"], _part(arrays, "reward_model", path), context_dim, path))
-    if cls == "TwoStagePolicy":
-        first = _build_pl(spec["first_stage"], _part(_part(arrays, "first_stage", path), "scorer", path), context_dim, path)
-        model = _build_reward(spec["reward_model"], _part(arrays, "reward_model", path), context_dim, path)
-        return TwoStagePolicy(first, model, n_samples=int(spec["n_samples"]), max_enumerated=int(spec["max_enumerated"]))
-    raise ValueError(f"unknown policy class {cls!r} (known: PLPolicy, RegressionPolicy, TwoStagePolicy)")
+def _first_part(spec: Any, name: str) -> dict | None:
+    """The first ``name`` entry of a (nested) policy spec, depth first in key order."""
+    if not isinstance(spec, dict):
+        return None
+    if isinstance(spec.get(name), dict):
+        return spec[name]
+    for value in spec.values():
+        found = _first_part(value, name)
+        if found is not None:
+            return found
+    return None
+
+
+class SpecReader:
+    """What a policy class's ``from_spec(spec, arrays, reader)`` rebuilds its nested parts
+    with; errors name the parameters file.
+
+    Attributes:
+      context_dim: dx, the saved context dimension (the modules' input width).
+      path: the parameters file (named in errors).
+    """
+
+    def __init__(self, context_dim: int, path: str) -> None:
+        self.context_dim = context_dim
+        self.path = path
+
+    def policy(self, spec: dict, arrays: Any) -> Any:
+        """The policy of a (nested) spec, by its ``"class"``."""
+        name = spec["class"]
+        cls = _POLICY_CLASSES.get(name)
+        if cls is None:
+            hint = f"; it was saved from module {spec['class_module']!r}: import it first" if spec.get("class_module") else ""
+            raise ValueError(f"unknown policy class {name!r} (known: {_known()}){hint}")
+        return cls.from_spec({k: v for k, v in spec.items() if k not in ("class", "class_module")}, arrays, self)
+
+    def part(self, arrays: Any, name: str) -> Any:
+        """``arrays[name]`` (a ValueError naming the file when it is missing)."""
+        return _part(arrays, name, self.path)
+
+    def scorer(self, spec: dict, params: Any) -> tuple[Any, Any]:
+        """A scorer module and its parameters (checked against the module's shapes)."""
+        scorer = dict(spec)
+        cls = scorer.pop("class")
+        if cls not in _SCORERS:
+            raise ValueError(f"unknown scorer class {cls!r} (known: {sorted(_SCORERS)})")
+        scorer["hidden"] = tuple(scorer.get("hidden", ()))
+        module = _SCORERS[cls](**scorer)
+        template = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, self.context_dim), jnp.float32))
+        return module, self.restore(template, params, "scorer")
+
+    def reward_model(self, spec: dict, arrays: Any) -> RewardModel:
+        """A reward model of :func:`~opl_rank.opl.reward_models.fit_reward_model`."""
+        return _build_reward(spec, arrays, self.context_dim, self.path)
+
+    def restore(self, template: Any, params: Any, what: str) -> Any:
+        """``params`` as JAX arrays, checked against ``template`` (``jax.eval_shape`` of an init)."""
+        return _restore(template, params, self.path, what)
 
 
 def _part(arrays: Any, name: str, path: str) -> Any:
     if not isinstance(arrays, dict) or name not in arrays:
         raise ValueError(f"{path}: lacks the {name!r} parameters the spec names")
     return arrays[name]
-
-
-def _build_pl(spec: dict, params: Any, context_dim: int, path: str) -> PLPolicy:
-    scorer = dict(spec["scorer"])
-    cls = scorer.pop("class")
-    if cls not in _SCORERS:
-        raise ValueError(f"unknown scorer class {cls!r} (known: {sorted(_SCORERS)})")
-    scorer["hidden"] = tuple(scorer.get("hidden", ()))
-    module = _SCORERS[cls](**scorer)
-    template = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, context_dim), jnp.float32))
-    return PLPolicy(module, _restore(template, params, path, "scorer"), int(spec["n_slots"]))
 
 
 def _build_reward(spec: dict, arrays: Any, context_dim: int, path: str) -> RewardModel:
@@ -306,3 +430,7 @@ def _restore(template: Any, params: Any, path: str, what: str) -> Any:
             raise ValueError(f"{path}: {what} parameter {jax.tree_util.keystr(key_path)} has {value.dtype} {value.shape}, "
                              f"the spec's module needs {expected.dtype} {expected.shape}")
     return jax.tree.map(jnp.asarray, params)
+
+
+for _cls in (PLPolicy, RegressionPolicy, TwoStagePolicy):
+    register_policy_class(_cls)

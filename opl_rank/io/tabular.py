@@ -257,7 +257,20 @@ def _short(value: Any) -> str:
     return repr(value)
 
 
-def _build(cols: _Columns, n_items: int | None, alpha: Any) -> Any:
+def renamed_position_weight(position_weight: Any, alpha: Any) -> Any:
+    """``position_weight``, or the deprecated keyword ``alpha`` (its name before 0.2.0) with a warning."""
+    if alpha is None:
+        return position_weight
+    if position_weight is not None:
+        raise TypeError("give position_weight or its old name alpha, not both")
+    import warnings
+
+    warnings.warn("the keyword alpha= is now position_weight= (opl_rank 0.2.0); alpha= goes in 0.3.0",
+                  DeprecationWarning, stacklevel=3)
+    return alpha
+
+
+def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     """A validated LoggedData from the columns (errors name the column and the row)."""
     import jax.numpy as jnp
 
@@ -291,7 +304,7 @@ def _build(cols: _Columns, n_items: int | None, alpha: Any) -> Any:
         cols.fail(None, f"n_items must be a positive int, got {n_items!r}")
     n_items = int(n_items)
 
-    weight = _dataset_value(cols, "position_weight", alpha, "alpha", ("position_weight", "alpha"))
+    weight = _dataset_value(cols, "position_weight", position_weight, "position_weight", ("position_weight", "alpha"))
     if weight is None:
         weight = np.asarray(dcg_position_weights(n_slots))
     try:
@@ -420,7 +433,7 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def from_pandas(frame: Any, *, n_items: int | None = None, alpha: Any = None, source: str = "DataFrame",
+def from_pandas(frame: Any, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None, source: str = "DataFrame",
                 row_note: Callable[[int], str] | None = None) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_pandas` (``source`` names the table in errors)."""
     pd = _require("pandas", "LoggedData.from_pandas")
@@ -439,7 +452,7 @@ def from_pandas(frame: Any, *, n_items: int | None = None, alpha: Any = None, so
         if name in KNOWN_COLUMNS:
             cols.columns[name] = _series_to_arrow(frame[name], name, cols)
     # unknown columns (ids, timestamps, ...) are ignored
-    return _build(cols, n_items, alpha)
+    return _build(cols, n_items, renamed_position_weight(position_weight, alpha))
 
 
 def _table(data: Any) -> Any:
@@ -521,7 +534,7 @@ def read_table(path: str | os.PathLike) -> tuple[Any, dict | None]:
     return table, meta
 
 
-def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> Any:
+def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_parquet`."""
     table, meta = read_table(path)
     shown = os.fspath(path)
@@ -531,7 +544,7 @@ def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, alpha: 
         raise ValueError(f"{shown}: duplicate columns {duplicated}")
     cols = _Columns({name: table.column(name).combine_chunks() for name in names if name in KNOWN_COLUMNS},
                     table.num_rows, shown, _check_metadata(meta, shown))
-    return _build(cols, n_items, alpha)
+    return _build(cols, n_items, position_weight)
 
 
 def to_parquet(data: Any, path: str | os.PathLike) -> None:
@@ -543,7 +556,7 @@ def to_parquet(data: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f))
 
 
-def from_csv(path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> Any:
+def from_csv(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_csv`."""
     pd = _require("pandas", "LoggedData.from_csv")
     shown = _exists(path, "CSV")
@@ -552,7 +565,7 @@ def from_csv(path: str | os.PathLike, *, n_items: int | None = None, alpha: Any 
     except (ValueError, OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{shown}: not a readable CSV file ({type(err).__name__}: {err})") from err
     # row i is line i + 2 of the file (line 1 is the header) when no cell spans lines
-    return from_pandas(frame, n_items=n_items, alpha=alpha, source=shown, row_note=lambda i: f" (line {i + 2})")
+    return from_pandas(frame, n_items=n_items, position_weight=renamed_position_weight(position_weight, alpha), source=shown, row_note=lambda i: f" (line {i + 2})")
 
 
 def to_csv(data: Any, path: str | os.PathLike) -> None:
@@ -570,25 +583,28 @@ def to_csv(data: Any, path: str | os.PathLike) -> None:
     atomic_write_text(path, frame.to_csv(index=False))
 
 
-def read_logged_data(path: str | os.PathLike, *, n_items: int | None = None, alpha: Any = None) -> Any:
+def read_logged_data(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
+                     alpha: Any = None) -> Any:
     """LoggedData from ``.parquet`` / ``.pq``, ``.csv`` or ``.npz`` (by the file's suffix).
 
-    ``n_items`` / ``alpha`` apply to Parquet and CSV (an ``.npz`` file holds both).
+    ``n_items`` / ``position_weight`` apply to Parquet and CSV (an ``.npz`` file holds both);
+    ``alpha`` is its name before 0.2.0 (deprecated).
     """
     from opl_rank.data import LoggedData
 
+    position_weight = renamed_position_weight(position_weight, alpha)
     shown = _exists(path, "logged data")
     suffix = os.path.splitext(shown)[1].lower()
     if suffix in (".parquet", ".pq"):
-        return from_parquet(shown, n_items=n_items, alpha=alpha)
+        return from_parquet(shown, n_items=n_items, position_weight=position_weight)
     if suffix == ".csv":
-        return from_csv(shown, n_items=n_items, alpha=alpha)
+        return from_csv(shown, n_items=n_items, position_weight=position_weight)
     if suffix == ".npz":
         data = LoggedData.load(shown)
         if n_items is not None and n_items != data.n_items:
             raise ValueError(f"{shown}: n_items={n_items} contradicts the file's n_items={data.n_items}")
-        if alpha is not None and not _same(alpha, data.position_weight):
-            raise ValueError(f"{shown}: alpha={_short(alpha)} contradicts the file's position_weight "
+        if position_weight is not None and not _same(position_weight, data.position_weight):
+            raise ValueError(f"{shown}: position_weight={_short(position_weight)} contradicts the file's position_weight "
                              f"{_short(data.position_weight)}")
         return data
     raise ValueError(f"{shown}: unknown format {suffix or '(no suffix)'!r}; expected .parquet, .csv or .npz")

@@ -7,7 +7,11 @@ Methods (R-POD paper, docs/maths.md §1.10-1.24):
                 policy over all L slots trained with that estimator's terms;
   regression    fit f_hat (Eq. 12), act by its argmax (Eq. 13); R-POD with k = 0;
   rpod          fit f_hat, build the second stage (argmax completion, Eq. 13), train a
-                PL first stage over the top k with the ``topk`` terms (Eq. 9); k = L is dr.
+                PL first stage over the top k with the ``topk`` terms (Eq. 9); k = L is dr;
+  <learner>     any learner of :data:`LEARNERS` (:func:`register_learner`): a function
+                ``(data, key, config, *, on_epoch) -> policy`` defined outside the package,
+                fitted by :func:`fit` and :func:`fit_seeds` (one seed at a time) and swept
+                like the built-in methods.
 Estimators that need a reward model get f_hat at the logged rankings and a model term
 ``E_{a ~ pi}[f_hat]`` with a low-variance gradient: marginalize-all for an additive f_hat
 over all L slots, sampled rankings with leave-one-out baselines otherwise.
@@ -43,25 +47,86 @@ from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kin
 from opl_rank.scorers import make_scorer
 from opl_rank import tuning
 
-__all__ = ["MODEL_METHODS", "learning_methods", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
+__all__ = ["MODEL_METHODS", "LEARNERS", "Learner", "register_learner", "learning_methods", "needs_reward_model",
+           "needs_position_marginals", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
 
 MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
 SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot_marginals
 
 
+@dataclasses.dataclass(frozen=True)
+class Learner:
+    """A learning method defined outside the package (:func:`register_learner`).
+
+    Attributes:
+      fit: ``(data, key, config, *, on_epoch=None) -> policy``: one seed's fit, ``config``
+        the :class:`LearnerConfig` naming this learner (it may fit a built-in method with
+        ``dataclasses.replace(config, method=...)`` and wrap the result); ``on_epoch`` as
+        for :func:`fit`. The policy follows :class:`~opl_rank.opl.policies.RankingPolicy`.
+      needs_reward_model: it fits an f_hat (a sweep then fits it once per reward-model kind).
+      needs_position_marginals: it reads ``LoggedData.log_pi0_position_marginal``.
+    """
+
+    fit: Callable[..., RankingPolicy]
+    needs_reward_model: bool = False
+    needs_position_marginals: bool = False
+
+
+LEARNERS: dict[str, Learner] = {}  # learners registered by name (register_learner)
+
+
+def register_learner(name: str, fit_fn: Callable[..., RankingPolicy], *, needs_reward_model: bool = False,
+                     needs_position_marginals: bool = False, replace: bool = False) -> Learner:
+    """Add a learning method: :func:`fit`, :func:`fit_seeds`, :func:`learning_methods`,
+    :class:`LearnerConfig` and the sweep then know ``name``.
+
+    Args:
+      name: the method's name (``LearnerConfig(name)``); not a registered estimator's nor
+        one of ``MODEL_METHODS``.
+      fit_fn: ``(data, key, config, *, on_epoch=None) -> policy`` (:attr:`Learner.fit`).
+      needs_reward_model: it fits an f_hat.
+      needs_position_marginals: it reads the logged position marginals.
+      replace: allow another learner to take a registered name.
+
+    Returns:
+      The registered :class:`Learner`.
+
+    Raises:
+      ValueError: an empty name, a name of an estimator or a built-in method, or one taken
+        by another learner (unless ``replace``).
+      TypeError: ``fit_fn`` is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"learner name must be a non-empty string, got {name!r}")
+    if name in MODEL_METHODS or name in opl_estimators.OPL_ESTIMATORS:
+        raise ValueError(f"learner name {name!r} is a built-in method or a registered estimator")
+    if not callable(fit_fn):
+        raise TypeError(f"fit_fn must be callable (data, key, config, *, on_epoch=None) -> policy, got {type(fit_fn).__name__}")
+    entry = Learner(fit_fn, bool(needs_reward_model), bool(needs_position_marginals))
+    if name in LEARNERS and not replace and LEARNERS[name] != entry:
+        raise ValueError(f"learner {name!r} is already registered")
+    LEARNERS[name] = entry
+    return entry
+
+
 def learning_methods() -> tuple[str, ...]:
-    """Every method ``fit`` accepts now: the registry's estimators without k, then ``MODEL_METHODS``."""
+    """Every method ``fit`` accepts now: the registry's estimators without k, then
+    ``MODEL_METHODS``, then the registered learners (:data:`LEARNERS`)."""
     names = [name for name, e in opl_estimators.OPL_ESTIMATORS.items() if not e.uses_k]
-    return tuple(names) + MODEL_METHODS
+    return tuple(names) + MODEL_METHODS + tuple(name for name in LEARNERS if name not in names)
 
 
 def needs_reward_model(method: str) -> bool:
     """Whether ``method`` fits an f_hat."""
+    if method in LEARNERS:
+        return LEARNERS[method].needs_reward_model
     return method in MODEL_METHODS or opl_estimators.get(method).needs_reward_model
 
 
 def needs_position_marginals(method: str) -> bool:
     """Whether ``method`` reads the logged position marginals."""
+    if method in LEARNERS:
+        return LEARNERS[method].needs_position_marginals
     return method not in MODEL_METHODS and opl_estimators.get(method).needs_position_marginals
 
 
@@ -70,7 +135,8 @@ class LearnerConfig:
     """What to learn and how.
 
     Attributes:
-      method: one of :func:`learning_methods` (a registered estimator, ``regression``, ``rpod``).
+      method: one of :func:`learning_methods` (a registered estimator, ``regression``,
+        ``rpod``, a registered learner).
       k: R-POD's top-k length in ``[0, L]`` (``rpod`` only).
       reward_model: f_hat's kind (methods with a reward model): ``"additive"``,
         ``"pairwise"``, or their Appendix-A two-step forms ``"additive-two-step"``,
@@ -305,7 +371,8 @@ class ClippedWeightsWarning(RuntimeWarning):
 
 def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
     """Warn when over half the rows' log-weights pass the clip: the weighted terms then carry
-    (almost) no information about the policy (every weight is the same constant)."""
+    (almost) no information about the policy (every weight is the same constant).
+    ``policy``: the learned policy's ``pl_stage``, the PL part trained through the weights."""
     if plan.estimator is None:
         return
     k = plan.k if plan.config.method == "rpod" else plan.n_slots
@@ -366,9 +433,12 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: Ep
 
     Returns:
       A :class:`~opl_rank.opl.policies.PLPolicy` (estimator methods, rpod with k = L),
-      :class:`~opl_rank.opl.policies.RegressionPolicy` (regression, rpod with k = 0) or
-      :class:`~opl_rank.opl.policies.TwoStagePolicy` (rpod with 0 < k < L).
+      :class:`~opl_rank.opl.policies.RegressionPolicy` (regression, rpod with k = 0),
+      :class:`~opl_rank.opl.policies.TwoStagePolicy` (rpod with 0 < k < L), or what a
+      registered learner returns.
     """
+    if config.method in LEARNERS:
+        return _fit_registered(data, key, config, on_epoch)
     plan = _plan(data, config)
     reward_params = None
     if _two_step(plan):  # Appendix A pairs are found on the host: f_hat is fitted outside
@@ -381,8 +451,16 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: Ep
         fitted = jax.block_until_ready(fit_arrays(plan, data, key, reward_params, listeners=listeners))
     policy = _policy(plan, fitted, data.position_weight)
     if plan.estimator is not None:
-        _warn_if_clipped(plan, policy.first_stage if isinstance(policy, TwoStagePolicy) else policy, data)
+        _warn_if_clipped(plan, policy.pl_stage, data)
     return policy
+
+
+def _fit_registered(data: LoggedData, key: jax.Array, config: LearnerConfig, on_epoch: EpochCallback | None) -> RankingPolicy:
+    """One seed of a registered learner (:data:`LEARNERS`)."""
+    entry = LEARNERS[config.method]
+    if entry.needs_position_marginals and data.log_pi0_position_marginal is None:
+        raise ValueError(f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
+    return entry.fit(data, key, config, on_epoch=on_epoch)
 
 
 def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *,
@@ -391,7 +469,8 @@ def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfi
     ``jax.vmap`` of :func:`fit_arrays` (what an accelerator wants).
 
     Policy ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding. Two-step
-    reward models (pair sets found on the host) fit one by one.
+    reward models (pair sets found on the host) and registered learners (:data:`LEARNERS`:
+    not known to be vmappable) fit one by one.
 
     Args:
       datas: ``S`` logged data sets of equal shapes (``n``, ``L``, ``D``, optional fields).
@@ -405,6 +484,8 @@ def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfi
     """
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
+    if config.method in LEARNERS:
+        return [_fit_registered(d, k, config, on_epoch) for d, k in zip(datas, keys)]
     plan = _plan(datas[0], config)
     if _two_step(plan):
         return [fit(d, k, config, on_epoch=on_epoch) for d, k in zip(datas, keys)]

@@ -3,7 +3,10 @@
 Every policy follows :class:`RankingPolicy`: ``sample`` rankings, ``log_prob`` of a
 ranking, and ``propensities`` of logged rankings (prefix log-probabilities and, on
 request, position marginals) in the form the estimators of
-:mod:`opl_rank.opl.estimators` read. OPE and the learners never ask which class a policy is.
+:mod:`opl_rank.opl.estimators` read; optionally its ``greedy`` ranking, whether its
+propensities compile whole, and its saved spec. OPE, the learners, saving and the
+``opl-rank rank`` command never ask which class a policy is, so a fourth policy is one
+class in one file (``tests/plugins/epsilon_greedy.py`` is one).
 
   PLPolicy          Plackett-Luce over a scorer's logits (exact prefix probabilities and
                     position marginals, differentiable in the parameters).
@@ -16,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +30,8 @@ from opl_rank.data import LoggedData
 from opl_rank.opl.estimators import Propensities
 from opl_rank import tuning
 
-__all__ = ["RankingPolicy", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL", "greedy_rankings"]
+__all__ = ["RankingPolicy", "PolicyParts", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL",
+           "greedy_rankings", "compiled_propensities"]
 
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
 # so a logged item's marginal is never rounded to an impossible 0.
@@ -36,7 +40,38 @@ MIN_MARGINAL = 1e-30
 
 @runtime_checkable
 class RankingPolicy(Protocol):
-    """What every ranking policy offers."""
+    """What every ranking policy offers: what a fourth policy implements.
+
+    Required (all that OPE and the estimators read; ``isinstance(p, RankingPolicy)``
+    checks these five)::
+
+      n_slots: int         L, the length of its rankings
+      deterministic: bool  True when ``sample`` ignores its key (one ranking per context)
+      sample(key, context [n, dx], *, where=None) -> [n, L] int32
+      log_prob(context [n, dx], rankings [n, L], *, where=None) -> [n]
+      propensities(data, key=None, *, slot_marginals=False) -> Propensities
+          log_prefix [n, L] (``log pi(a_{1:l} | x)`` of the logged rankings' prefixes) and,
+          when ``slot_marginals``, log_slot [n, L] (``log P_pi(a_l at slot l | x)``, for
+          iips; a policy that cannot compute them raises a ValueError saying so)
+
+    ``where`` is an optional bool ``[n, D]``: the candidates each row may rank.
+
+    Optional (callers look them up on the policy and fall back as said)::
+
+      greedy(context [n, dx], *, where=None) -> [n, L] int32
+          its most probable ranking (:func:`greedy_rankings`, ``opl-rank rank``);
+          absent: a deterministic policy's ``sample``, else a TypeError
+      jit_propensities: bool
+          True when the policy is a pytree whose ``propensities`` compile as one
+          program (:func:`compiled_propensities`); absent: False (run as it is)
+      pl_stage
+          the Plackett-Luce part a learner trained through importance weights (whose
+          log-weights ``max_log_weight`` clips), or None
+      spec_name: str, to_spec(writer) -> PolicyParts, from_spec(spec, arrays, reader)
+          saving and loading (a classmethod ``from_spec``): register the class with
+          :func:`opl_rank.io.persistence.register_policy_class`; ``writer`` and
+          ``reader`` save and rebuild nested parts (policies, scorers, reward models)
+    """
 
     n_slots: int
     deterministic: bool
@@ -49,6 +84,25 @@ class RankingPolicy(Protocol):
 
     def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
         """Log-propensities of ``data.ranking`` (``log_slot`` only when ``slot_marginals``)."""
+
+
+class PolicyParts(NamedTuple):
+    """What a policy's ``to_spec`` returns for :func:`opl_rank.io.persistence.save_policy`.
+
+    Attributes:
+      spec: JSON-able fields (the saver adds ``"class"``: the registered spec name, first).
+      arrays: a pytree (nested dicts) of NumPy arrays, stored in ``params.msgpack``.
+      n_items: D.
+      context_dim: dx, the number of context columns the policy reads.
+      k: the saved ``"k"``: the length of the prefix the policy samples (L for PL, 0 for a
+        deterministic policy, R-POD's k for a two-stage one).
+    """
+
+    spec: dict
+    arrays: Any
+    n_items: int
+    context_dim: int
+    k: int
 
 
 def _log_indicator(match: jax.Array) -> jax.Array:
@@ -91,6 +145,12 @@ class PLPolicy:
     slot_marginal_samples: int = 0
     slot_marginal_estimator: str = "prefix"
     deterministic = False
+    jit_propensities = True
+    spec_name = "PLPolicy"
+
+    @property
+    def pl_stage(self) -> PLPolicy:
+        return self
 
     def logits(self, context: jax.Array) -> jax.Array:
         """``[n, dx] -> [n, D]``."""
@@ -98,6 +158,13 @@ class PLPolicy:
 
     def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return pl.sample_rankings(key, self.logits(context), self.n_slots, where=where)
+
+    def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """The PL mode: the top ``n_slots`` items by logit, ``[n, dx] -> [n, n_slots]`` int32."""
+        logits = self.logits(context)
+        if where is not None:
+            logits = jnp.where(where, logits, -jnp.inf)
+        return jax.lax.top_k(logits, self.n_slots)[1].astype(jnp.int32)
 
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots], where=where)[..., -1]
@@ -129,6 +196,17 @@ class PLPolicy:
             log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
         return Propensities(log_prefix, log_slot)
 
+    def to_spec(self, writer: Any) -> PolicyParts:
+        """``{"scorer": ..., "n_slots": L}`` and the scorer's parameters."""
+        scorer, context_dim = writer.scorer(self.module, self.params["params"])
+        spec = {"scorer": scorer, "n_slots": int(self.n_slots)}
+        return PolicyParts(spec, {"scorer": writer.arrays(self.params)}, scorer["n_items"], context_dim, int(self.n_slots))
+
+    @classmethod
+    def from_spec(cls, spec: dict, arrays: Any, reader: Any) -> PLPolicy:
+        module, params = reader.scorer(spec["scorer"], reader.part(arrays, "scorer"))
+        return cls(module, params, int(spec["n_slots"]))
+
 
 @_pytree(["reward_model"], [])
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +215,9 @@ class RegressionPolicy:
 
     reward_model: Any
     deterministic = True
+    jit_propensities = True
+    spec_name = "RegressionPolicy"
+    pl_stage = None
 
     @property
     def n_slots(self) -> int:
@@ -145,6 +226,10 @@ class RegressionPolicy:
     def sample(self, key: jax.Array | None, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         empty = jnp.zeros((context.shape[0], 0), jnp.int32)
         return self.reward_model.complete(context, empty, where=where)
+
+    def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """Its one ranking per context: ``[n, dx] -> [n, L]`` int32."""
+        return self.sample(None, context, where=where)
 
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         same = jnp.all(self.sample(None, context, where=where) == rankings, axis=-1)
@@ -155,6 +240,15 @@ class RegressionPolicy:
         same = data.ranking == self.sample(None, data.context, where=data.item_mask)
         log_slot = _log_indicator(same) if slot_marginals else None
         return Propensities(_log_indicator(jnp.cumprod(same, axis=-1) > 0), log_slot)
+
+    def to_spec(self, writer: Any) -> PolicyParts:
+        """``{"reward_model": ...}`` and f_hat's arrays."""
+        model, arrays, context_dim = writer.reward_model(self.reward_model)
+        return PolicyParts({"reward_model": model}, {"reward_model": arrays}, model["module"]["n_items"], context_dim, 0)
+
+    @classmethod
+    def from_spec(cls, spec: dict, arrays: Any, reader: Any) -> RegressionPolicy:
+        return cls(reader.reward_model(spec["reward_model"], reader.part(arrays, "reward_model")))
 
 
 @_pytree(["first_stage", "reward_model"], ["n_samples", "max_enumerated"])
@@ -174,6 +268,8 @@ class TwoStagePolicy:
     n_samples: int = 512
     max_enumerated: int = 1024
     deterministic = False
+    jit_propensities = False  # compiles its own pieces (rows in chunks: bounded memory)
+    spec_name = "TwoStagePolicy"
 
     @property
     def n_slots(self) -> int:
@@ -183,8 +279,17 @@ class TwoStagePolicy:
     def k(self) -> int:
         return self.first_stage.n_slots
 
+    @property
+    def pl_stage(self) -> PLPolicy:
+        return self.first_stage
+
     def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return self.reward_model.complete(context, self.first_stage.sample(key, context, where=where), where=where)
+
+    def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """The first stage's greedy top k completed by f_hat (Eq. 13): ``[n, dx] -> [n, L]`` int32."""
+        head = self.first_stage.greedy(context, where=where)
+        return self.reward_model.complete(context, head, where=where).astype(jnp.int32)
 
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         completed = self.reward_model.complete(context, rankings[..., : self.k], where=where)
@@ -222,6 +327,23 @@ class TwoStagePolicy:
             for s, chunk_key in zip(starts, keys)
         ], axis=0)
         return Propensities(log_prefix, jnp.concatenate([first_log_slot, _log_marginal(beyond)], axis=-1))
+
+    def to_spec(self, writer: Any) -> PolicyParts:
+        """The first stage's spec (a saved PLPolicy), f_hat's, and the marginals' settings."""
+        if type(self.first_stage) is not PLPolicy:
+            raise TypeError(f"save_policy: a TwoStagePolicy's first stage must be a PLPolicy, got {type(self.first_stage).__name__}")
+        first = writer.policy(self.first_stage)
+        model, model_arrays, _ = writer.reward_model(self.reward_model)
+        spec = {"first_stage": first.spec, "reward_model": model,
+                "n_samples": int(self.n_samples), "max_enumerated": int(self.max_enumerated)}
+        arrays = {"first_stage": first.arrays, "reward_model": model_arrays}
+        return PolicyParts(spec, arrays, first.n_items, first.context_dim, first.k)
+
+    @classmethod
+    def from_spec(cls, spec: dict, arrays: Any, reader: Any) -> TwoStagePolicy:
+        first = reader.policy(spec["first_stage"], reader.part(arrays, "first_stage"))
+        model = reader.reward_model(spec["reward_model"], reader.part(arrays, "reward_model"))
+        return cls(first, model, n_samples=int(spec["n_samples"]), max_enumerated=int(spec["max_enumerated"]))
 
     def _beyond_k_marginals(self, context, ranking, logits, where, key, n_prefixes):
         """``P(slot l holds ranking[:, l])`` for ``l >= k``: ``[m, L - k]``, over all
@@ -263,11 +385,12 @@ def _compiled_propensities(policy, data, key, slot_marginals):
 
 def compiled_propensities(policy: RankingPolicy, data: LoggedData, key: jax.Array | None = None, *,
                           slot_marginals: bool = False) -> Propensities:
-    """``policy.propensities(data, key, slot_marginals=...)``, compiled as one program for
-    this module's PL and regression policies (same numbers; a few hundred fewer op-by-op
-    compilations when OPE or a check meets new shapes). A two-stage policy compiles its own
-    pieces; any other policy runs as it is."""
-    if isinstance(policy, (PLPolicy, RegressionPolicy)):
+    """``policy.propensities(data, key, slot_marginals=...)``, compiled as one program when the
+    policy says it may be (``policy.jit_propensities``: this module's PL and regression
+    policies; same numbers, a few hundred fewer op-by-op compilations when OPE or a check
+    meets new shapes). A two-stage policy compiles its own pieces; a policy without the
+    attribute runs as it is."""
+    if getattr(policy, "jit_propensities", False):
         return _compiled_propensities(policy, data, key, slot_marginals)
     return policy.propensities(data, key, slot_marginals=slot_marginals)
 
@@ -275,18 +398,19 @@ def compiled_propensities(policy: RankingPolicy, data: LoggedData, key: jax.Arra
 def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """The most probable ranking of each row, without sampling: ``[n, dx] -> [n, L]`` int32.
 
-    A PLPolicy ranks its top ``n_slots`` items by logit (the PL mode); a TwoStagePolicy
-    completes its first stage's greedy top k with f_hat (Eq. 13); a deterministic policy
-    (RegressionPolicy) is its own ranking. ``where`` (bool ``[n, D]``) excludes candidates.
+    ``policy.greedy(context, where=where)``: a PLPolicy ranks its top ``n_slots`` items by
+    logit (the PL mode); a TwoStagePolicy completes its first stage's greedy top k with
+    f_hat (Eq. 13); a RegressionPolicy is its own ranking. A policy without ``greedy``
+    that is ``deterministic`` is its own ranking too. ``where`` (bool ``[n, D]``) excludes
+    candidates.
+
+    Raises:
+      TypeError: ``policy`` has no ``greedy`` method and is not deterministic.
     """
-    if isinstance(policy, PLPolicy):
-        logits = policy.logits(context)
-        if where is not None:
-            logits = jnp.where(where, logits, -jnp.inf)
-        return jax.lax.top_k(logits, policy.n_slots)[1].astype(jnp.int32)
-    if isinstance(policy, TwoStagePolicy):
-        head = greedy_rankings(policy.first_stage, context, where=where)
-        return policy.reward_model.complete(context, head, where=where).astype(jnp.int32)
+    greedy = getattr(policy, "greedy", None)
+    if callable(greedy):
+        return greedy(context, where=where)
     if getattr(policy, "deterministic", False):
         return policy.sample(None, context, where=where)
-    raise TypeError(f"greedy_rankings knows PLPolicy, TwoStagePolicy and deterministic policies, got {type(policy).__name__}")
+    raise TypeError(f"greedy_rankings needs a policy with a greedy(context, *, where=None) method or a deterministic "
+                    f"one (PLPolicy, TwoStagePolicy, RegressionPolicy have it), got {type(policy).__name__}")

@@ -213,7 +213,7 @@ def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, 
     and ``b`` the leave-one-out baselines. ``pi_nk(d)`` factors into the item's probability
     at its last available slot times a ``[K, K]`` table per sample, so the work is
     ``O(D + K^2)`` per sample, never the ``[N, .., K, D]`` placement probabilities
-    (docs/maths.md §2.6; 4x faster at D = 1000, K = 10)."""
+    (docs/maths.md §2.6; timings: docs/performance.md §14)."""
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
     rel = jnp.where(s.valid[0], relevance.astype(jnp.float32), 0.0)  # [.., D]

@@ -618,11 +618,10 @@ def insertion_slot_marginals(
     - ``"none"``;
     - ``"auto"`` (default): ``"logged"`` at ``N = 1``, ``"leave-one-out"`` from ``N = 2``.
 
-    At D = 100, L = 10 (docs/performance.md §15), against :func:`sampled_slot_marginals`
-    with ``N = 8``: ``N = 1`` with the logged baseline has 1/14 of the value variance and 1/4
-    of the gradient variance at 0.57x the time; ``N = 2`` with leave-one-out baselines 1/27
-    and 1/15 at 0.63x (and learned the better IIPS policies; the learners' choice). ``O(N (D
-    + L^2))`` per row: the sample's own normalisers ``Z_j`` (from logit differences, as
+    Its variance and time against :func:`sampled_slot_marginals` are measured in
+    docs/performance.md §15 (a fraction of the variance at a fraction of the time; ``N = 2``
+    with leave-one-out baselines is the learners' choice). ``O(N (D + L^2))`` per row: the
+    sample's own normalisers ``Z_j`` (from logit differences, as
     :func:`~opl_rank.pl.plackett_luce.slot_log_probs`) give every ``Z'_j``.
 
     Args:

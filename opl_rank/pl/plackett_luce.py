@@ -98,11 +98,10 @@ def cumsum_slots(x: jax.Array) -> jax.Array:
     return jnp.stack(out, axis=-1)
 
 
-# XLA on CPU reduces over a leading axis about 50x slower than it adds the slices one by
-# one (a sum over the 8 samples of [8, 256, 1000] floats: 15-20 ms against 0.23 ms;
-# docs/performance.md §14). Sums over the sample axis -- including the reverse pass of
-# broadcasting a row's logits to its N samples -- are therefore unrolled chains of adds.
-# (tuning.UNROLLED_SAMPLES_MAX)
+# XLA on CPU reduces over a leading axis much slower than it adds the slices one by one
+# (docs/performance.md §14): sums over the sample axis -- including the reverse pass of
+# broadcasting a row's logits to its N samples -- are unrolled chains of adds, up to
+# tuning.UNROLLED_SAMPLES_MAX samples.
 
 
 def sum_samples(x: jax.Array) -> jax.Array:

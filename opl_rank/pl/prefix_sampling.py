@@ -37,11 +37,8 @@ __all__ = ["sample_prefixes", "shared_slot_log_probs", "prefix_sampler"]
 _NEG_INF = -jnp.inf
 # The prefix sampler pays O(D) per row plus O(N K^2 log D) per row's samples; the Gumbel
 # sampler O(N D) random numbers and O(N K D) selection, and its log-probabilities N x D
-# normalisers. Sampling plus the log-probabilities' gradient, measured on the 2-core
-# machine (docs/performance.md §13): the table is 1.1-4x faster at D = 16 for K <= 5,
-# 3-8x at D = 100 and 9-16x at D = 1000; at D = 8 the gain is small or none, and long
-# prefixes (K = 10) gain little and compile slowly.
-# (thresholds: tuning.PREFIX_SAMPLER_MIN_ITEMS, tuning.PREFIX_SAMPLER_MAX_SLOTS)
+# normalisers. Which wins where is measured in docs/performance.md §13; the thresholds
+# are tuning.PREFIX_SAMPLER_MIN_ITEMS and tuning.PREFIX_SAMPLER_MAX_SLOTS.
 
 
 def prefix_sampler(n_items: int, n_slots: int, method: str = "auto") -> str:

@@ -8,6 +8,7 @@ import math
 import jax.numpy as jnp
 
 from opl_rank.opl import estimators as opl_estimators
+from opl_rank.pl.gradients import magic_box
 
 
 def capped_snips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
@@ -16,7 +17,7 @@ def capped_snips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.
     log_pi = target.log_prefix[..., -1]
     w = opl_estimators.importance_weight(log_pi, batch.log_pi0_prefix[..., -1], cap)
     reward = opl_estimators.weighted_reward(batch.reward, batch.position_weight)
-    value = opl_estimators.ltr_estimators.magic_box(w * reward, w * reward * log_pi)
+    value = magic_box(w * reward, w * reward * log_pi)
     return opl_estimators.Terms(value, w, normalizer=w)
 
 

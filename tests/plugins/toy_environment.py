@@ -1,8 +1,10 @@
 """A new simulator defined outside the package, registered for the sweep on import.
 
 Two-slot rankings of D items with additive expected rewards ``q_l(x, a) = s_{a_l} / l`` for
-fixed item scores ``s``, contexts that carry no information, and a uniform logging policy.
-It uses the library's rollout helpers; V* is the reward model's own best ranking.
+fixed item scores ``s`` (uniform on [0, score_scale]; ``score_scale`` is the simulator's own
+option, so a sweep can make it an axis), contexts that carry no information, and a uniform
+logging policy. It uses the library's rollout helpers; V* is the reward model's own best
+ranking. Its factory takes neither lambda nor tau: it has no interactions and logs uniformly.
 """
 
 import dataclasses
@@ -64,9 +66,10 @@ class ToyEnvironment:
         return self.policy_value(best, key, n_contexts), "exact"
 
 
-def create(key, *, n_items, ranking_length, lam, tau, logging_policy, config):
-    score = jax.random.uniform(key, (n_items,))
+def create(key, *, n_items, ranking_length, logging_policy, config, score_scale):
+    score = score_scale * jax.random.uniform(key, (n_items,))
     return ToyEnvironment(ToyRewards(score), n_items, ranking_length, jnp.ones(ranking_length, jnp.float32))
 
 
-environments.register("toy", environments.EnvironmentSpec(create, logging_policies=("uniform",)))
+environments.register("toy", environments.EnvironmentSpec(create, logging_policies=("uniform",),
+                                                          options={"score_scale": 1.0}))
