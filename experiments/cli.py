@@ -173,6 +173,8 @@ def _add_byo_parsers(sub: Any) -> None:
     fit.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
                      "them (default DCG)")
     fit.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
+    fit.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
     fit.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     fit.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
 
@@ -196,6 +198,8 @@ def _add_byo_parsers(sub: Any) -> None:
     ev.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
                     "them (default DCG)")
     ev.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    ev.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
     ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
 
     rank = sub.add_parser(
@@ -210,12 +214,17 @@ def _add_byo_parsers(sub: Any) -> None:
     rank.add_argument("--out", required=True, help="output table: .parquet or .csv")
     rank.add_argument("--sample", action="store_true", help="sample rankings from the policy instead of the greedy ranking")
     rank.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
+    rank.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
     rank.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
 def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Run fit / evaluate / rank: (summary, its text form)."""
     from experiments import byo_logs
+    from experiments.user_code import import_plugins
+
+    import_plugins(tuple(args.plugin))  # a plugin learner, estimator or saved policy class
 
     if args.command == "fit":
         summary = byo_logs.run_fit(

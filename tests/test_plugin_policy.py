@@ -183,3 +183,41 @@ def test_the_plugin_learner_is_swept(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["reward_model"]) for r in rows] == [("eps-greedy", "additive"), ("ips", "-")]
     assert all(math.isfinite(float(r["V"])) and float(r["V_se"]) > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_command_line_fits_evaluates_and_ranks_with_a_plugin(tmp_path):
+    """``--plugin`` imports the module in a fresh process: its learner fits, its saved policy
+    class loads for evaluate and rank."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cli = [sys.executable, "-m", "experiments.cli"]
+    plugin_args = ["--plugin", "tests.plugins.epsilon_greedy"]
+
+    def run(*args):
+        done = subprocess.run([*cli, *args], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    logs, policy_dir = str(tmp_path / "logs.npz"), str(tmp_path / "policy")
+    run("simulate", "-D", "4", "-L", "2", "--n", "300", "--value-contexts", "200", "--out", logs, "--json", "-q")
+    fitted = run("fit", *plugin_args, "--data", logs, "--method", "eps-greedy", "--epochs", "2",
+                 "--reward-epochs", "5", "--out", policy_dir, "--json", "-q")
+    assert fitted["policy"] == "EpsilonGreedyPolicy"
+    report = run("evaluate", *plugin_args, "--policy", policy_dir, "--data", logs, "--json")
+    assert math.isfinite(report["estimates"]["ips"]["value"])
+    data = LoggedData.load(logs)
+    pd.DataFrame({"id": np.arange(5), "context": list(np.asarray(data.context[:5]))}).to_parquet(tmp_path / "c.parquet")
+    run("rank", *plugin_args, "--policy", policy_dir, "--contexts", str(tmp_path / "c.parquet"),
+        "--out", str(tmp_path / "r.parquet"), "--json")
+    ranked = pd.read_parquet(tmp_path / "r.parquet")
+    expected = np.asarray(load_policy(policy_dir).greedy(data.context[:5]))
+    assert np.asarray(ranked["ranking"].tolist()).tolist() == expected.tolist()
+    missing = subprocess.run([*cli, "evaluate", "--policy", policy_dir, "--data", logs], cwd=root,
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "EpsilonGreedyPolicy" in missing.stderr
