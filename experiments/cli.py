@@ -316,15 +316,20 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
         step(f"logging policy value ({args.value_contexts} contexts)")
         with bar(args.value_contexts, desc="contexts", unit="context", enabled=not args.quiet) as contexts:
             value = env.logging_policy_value(key_value, args.value_contexts, progress=contexts.update)
-        summary = {"simulator": "synthetic", "lambda": args.lam, "tau": args.tau, "seed": args.seed}
-        summary.update(data.summary())
-        summary["logging_policy_value"] = value.value
-        summary["logging_policy_value_se"] = value.stderr
-        if args.out:
-            step(f"saving {args.out}")
-            data.save(args.out)
-            summary["saved_to"] = args.out
-        step.done()
+        return _simulation_summary(args, step, data, value, {"simulator": "synthetic"})
+
+
+def _simulation_summary(args: argparse.Namespace, step: Any, data: Any, value: Any, head: dict[str, Any]) -> dict[str, Any]:
+    """The summary ``simulate`` prints (and the saved file, with ``--out``)."""
+    summary = {**head, "lambda": args.lam, "tau": args.tau, "seed": args.seed}
+    summary.update(data.summary())
+    summary["logging_policy_value"] = value.value
+    summary["logging_policy_value_se"] = value.stderr
+    if args.out:
+        step(f"saving {args.out}")
+        data.save(args.out)
+        summary["saved_to"] = args.out
+    step.done()
     return summary
 
 
@@ -375,17 +380,8 @@ def _simulate_registered(args: argparse.Namespace) -> dict[str, Any]:
         data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals)
         step(f"logging policy value ({args.value_contexts} contexts)")
         value = env.logging_policy_value(key_value, args.value_contexts)
-        summary = {"simulator": args.simulator, "lambda": args.lam, "tau": args.tau, "seed": args.seed,
-                   **{f"option {k}": v for k, v in options.items()}}
-        summary.update(data.summary())
-        summary["logging_policy_value"] = value.value
-        summary["logging_policy_value_se"] = value.stderr
-        if args.out:
-            step(f"saving {args.out}")
-            data.save(args.out)
-            summary["saved_to"] = args.out
-        step.done()
-    return summary
+        return _simulation_summary(args, step, data, value, {
+            "simulator": args.simulator, **{f"option {k}": v for k, v in options.items()}})
 
 
 def _echo(args: argparse.Namespace) -> Any:

@@ -84,6 +84,7 @@ def test_an_outside_environment_is_swept(tmp_path):
     for r in rows:
         assert float(r["V0"]) < float(r["V_star"]) and float(r["V"]) <= float(r["V_star"]) + 4 * float(r["V_se"])
     assert float(rows[1]["normalized_gain"]) > 0.1  # the regression argmax learns (30 steps only)
+    assert main(["report", str(out)]) == 0  # the report reads any environment's table
 
 
 def test_click_rewards_have_a_best_ranking_in_the_synthetic_environment():
