@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -38,8 +37,8 @@ from _timing import environment, seconds  # noqa: E402  (benchmarks/ is the scri
 from opl_rank import make_key  # noqa: E402
 from opl_rank.opl import estimators as oe  # noqa: E402
 from opl_rank.opl.learners import LearnerConfig, fit  # noqa: E402
-from opl_rank.optimization import TrainConfig  # noqa: E402
 from opl_rank.opl.policies import PLPolicy  # noqa: E402
+from opl_rank.optimization import TrainConfig  # noqa: E402
 from opl_rank.scorers import ActionScorer  # noqa: E402
 from simulators import SyntheticRankingEnv  # noqa: E402
 
@@ -125,7 +124,9 @@ def grid_timing(config: str, overrides: list[str], backend: str, workers: int | 
         values = parse_overrides(overrides)
         values["output_dir"] = f"{tmp}/sweep"
         sweep = load_sweep(config, values)
-        summary = run_sweep(sweep, echo=lambda line: None, backend=backend, workers=workers, compilation_cache=f"{tmp}/jax")
+        summary = run_sweep(
+            sweep, echo=lambda line: None, backend=backend, workers=workers, compilation_cache=f"{tmp}/jax"
+        )
     return {"grid_cells": len(cells(sweep)), "grid_rows": summary["rows"], "grid_seconds": summary["seconds"]}
 
 
@@ -133,17 +134,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="n=1000 and fewer epochs")
     parser.add_argument("--grid", metavar="CONFIG", default=None, help="also time a whole sweep of this config")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key of the grid's config")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key of the grid's config"
+    )
     parser.add_argument("--backend", default="processes", choices=["serial", "processes"], help="the grid's backend")
     parser.add_argument("--workers", type=int, default=None, help="the grid's worker processes")
     args = parser.parse_args()
     n, epochs = (1000, 5) if args.quick else (8000, 30)
     start = time.perf_counter()
-    print(f"Part 1: one fit per method, D=10, L=5, lambda=0.5, n={n}, {epochs} policy epochs, {2 * epochs} reward epochs")
+    print(
+        f"Part 1: one fit per method, D=10, L=5, lambda=0.5, n={n}, {epochs} policy epochs, {2 * epochs} reward epochs"
+    )
     fits = learner_timings(n, epochs)
     print(f"Part 2: one IPS epoch at n={n}: naive Python loop vs compiled scan")
     epoch = naive_vs_compiled_epoch(n)
-    print(f"  naive {epoch['naive_epoch_s']:.3f} s   ours {epoch['ours_epoch_s']:.4f} s   naive/ours {epoch['ratio_naive_over_ours']:.0f}x")
+    print(
+        f"  naive {epoch['naive_epoch_s']:.3f} s   ours {epoch['ours_epoch_s']:.4f} s   naive/ours {epoch['ratio_naive_over_ours']:.0f}x"
+    )
     summary = {"bench": "learners", "quick": args.quick, "n": n, "epochs": epochs}
     if args.grid:
         print(f"Part 3: the sweep {args.grid} {' '.join(args.set)} on backend {args.backend}")

@@ -59,9 +59,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +69,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script
 
-from opl_rank.pl import gradients as le  # noqa: E402
 from opl_rank import make_key  # noqa: E402
 from opl_rank.ltr.training import LTRConfig, train_ltr  # noqa: E402
+from opl_rank.pl import gradients as le  # noqa: E402
 from simulators import datasets  # noqa: E402
 from simulators.letor import load_letor, split_queries  # noqa: E402
 
@@ -381,9 +381,7 @@ def print_epochs(sizes: Sizes, epochs: dict[tuple[str, int], dict[str, float]], 
         f"{BATCH_QUERIES}), MLP {list(sizes.hidden)}, K={CUTOFF}"
     )
     print("  median of epochs 2..E (E = " + ", ".join(f"{sizes.epochs[n]} at N={n}" for n in ns) + ")")
-    header = f"{'estimator':<20}" + "".join(f"{f'N={n}':>12}" for n in ns) + "".join(
-        f"{f'1st N={n}':>13}" for n in ns
-    )
+    header = f"{'estimator':<20}" + "".join(f"{f'N={n}':>12}" for n in ns) + "".join(f"{f'1st N={n}':>13}" for n in ns)
     print(header)
     print("-" * len(header))
     for name in le.GRADIENT_ESTIMATORS:
@@ -458,7 +456,9 @@ def main() -> None:
     kernel = kernel_part(sizes)
     train, valid = load_yahoo()
     epochs = {
-        (name, n): epoch_seconds(train, valid, sizes, name, n) for name in le.GRADIENT_ESTIMATORS for n in sorted(sizes.epochs)
+        (name, n): epoch_seconds(train, valid, sizes, name, n)
+        for name in le.GRADIENT_ESTIMATORS
+        for n in sorted(sizes.epochs)
     }
     print_epochs(sizes, epochs, train.features.shape[0])
     print_kernel(sizes, kernel)

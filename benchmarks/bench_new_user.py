@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"bench": "new_user", "n": args.n, "opl_rank_file": opl_rank.__file__, **environment()}
     env = SyntheticRankingEnv.create(opl_rank.make_key(0), n_items=100, ranking_length=10)
     data, out["simulate_d100_s"] = timed(
-        lambda: env.sample_logged_data(opl_rank.make_key(1), args.n, position_marginals="exact"))
+        lambda: env.sample_logged_data(opl_rank.make_key(1), args.n, position_marginals="exact")
+    )
     print(f"simulate D=100 L=10 n={args.n}: {out['simulate_d100_s']:.1f} s", flush=True)
     train = TrainConfig(epochs=5, batch_size=1024, learning_rate=0.05)
     reward = TrainConfig(epochs=5, batch_size=1024, learning_rate=0.02)
@@ -59,13 +60,17 @@ def main(argv: list[str] | None = None) -> dict:
         k = int(method[4:]) if method.startswith("rpod") else None
         config = LearnerConfig("rpod" if k is not None else method, k=k, train=train, reward_train=reward)
         policy, seconds = timed(lambda: fit(data, opl_rank.make_key(2), config))
-        params = [p.params for p in (policy, getattr(policy, "first_stage", None)) if p is not None and hasattr(p, "params")]
+        params = [
+            p.params for p in (policy, getattr(policy, "first_stage", None)) if p is not None and hasattr(p, "params")
+        ]
         jax.block_until_ready(params)
         out[f"fit_{method}_s"] = seconds
         print(f"fit {method:6s} (5 epochs, batch 1024, cold): {seconds:.1f} s", flush=True)
     big = SyntheticRankingEnv.create(opl_rank.make_key(3), n_items=1000, ranking_length=10)
     big.sample_logged_data(opl_rank.make_key(4), 256, position_marginals="exact")  # compile
-    _, seconds = timed(lambda: big.sample_logged_data(opl_rank.make_key(5), args.d1000_rows, position_marginals="exact"))
+    _, seconds = timed(
+        lambda: big.sample_logged_data(opl_rank.make_key(5), args.d1000_rows, position_marginals="exact")
+    )
     out["simulate_d1000_rows_per_s"] = args.d1000_rows / seconds
     print(f"simulate D=1000 L=10 (exact marginals, warm): {out['simulate_d1000_rows_per_s']:,.0f} rows/s", flush=True)
     print(json.dumps(out))

@@ -79,17 +79,32 @@ def main() -> None:
             if k > n_items:
                 continue
             y = pl.sample_rankings(key, logits, k, n_samples=N_SAMPLES)
-            check = float(jnp.max(jnp.abs(pl.cumsum_slots(ps.shared_slot_log_probs(logits, y))
-                                          - pl.prefix_log_probs(jnp.broadcast_to(logits, (N_SAMPLES,) + logits.shape), y))))
+            check = float(
+                jnp.max(
+                    jnp.abs(
+                        pl.cumsum_slots(ps.shared_slot_log_probs(logits, y))
+                        - pl.prefix_log_probs(jnp.broadcast_to(logits, (N_SAMPLES,) + logits.shape), y)
+                    )
+                )
+            )
             gumbel = _ms_per_call(jax.jit(lambda kk, s, k=k: _gumbel(kk, s, k)), key, logits)
             table = _ms_per_call(jax.jit(lambda kk, s, k=k: _table(kk, s, k)), key, logits)
-            row = {"D": n_items, "K": k, "gumbel_ms": round(gumbel, 4), "table_ms": round(table, 4),
-                   "ratio": round(gumbel / table, 2), "max_abs_logprob_diff": check,
-                   "auto": ps.prefix_sampler(n_items, k)}
+            row = {
+                "D": n_items,
+                "K": k,
+                "gumbel_ms": round(gumbel, 4),
+                "table_ms": round(table, 4),
+                "ratio": round(gumbel / table, 2),
+                "max_abs_logprob_diff": check,
+                "auto": ps.prefix_sampler(n_items, k),
+            }
             results.append(row)
             print(f"{n_items:>5} {k:>2} {gumbel:>10.3f} {table:>9.3f} {gumbel / table:>6.2f} {check:>9.1e}", flush=True)
-    print(json.dumps({"bench": "prefix_sampler", "rows": ROWS, "n_samples": N_SAMPLES, "results": results,
-                      **environment()}))
+    print(
+        json.dumps(
+            {"bench": "prefix_sampler", "rows": ROWS, "n_samples": N_SAMPLES, "results": results, **environment()}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -78,7 +77,10 @@ def _learner(method: str, epochs: int, batch_size: int, devices, n_samples: int 
 
     k = int(method[4:]) if method.startswith("rpod") else None
     return LearnerConfig(
-        "rpod" if k is not None else method, k=k, n_samples=n_samples, slot_marginals=slot_marginals,
+        "rpod" if k is not None else method,
+        k=k,
+        n_samples=n_samples,
+        slot_marginals=slot_marginals,
         train=TrainConfig(epochs=epochs, batch_size=batch_size, learning_rate=0.05, devices=devices),
         reward_train=TrainConfig(epochs=epochs, batch_size=batch_size, learning_rate=0.02, devices=devices),
     )
@@ -111,16 +113,27 @@ def run_one(spec: dict) -> dict:
     devices = "all" if spec["device"] else None
     env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L)
     marginals = "exact" if method == "iips" else "none"
-    simulate = lambda seed: jax.block_until_ready(env.sample_logged_data(make_key(seed), n, position_marginals=marginals))
+    simulate = lambda seed: jax.block_until_ready(
+        env.sample_logged_data(make_key(seed), n, position_marginals=marginals)
+    )
     sim_cold = _seconds(lambda: simulate(1))
     start = time.perf_counter()
     data = simulate(2)
     sim_warm = time.perf_counter() - start
-    out = {"D": D, "L": L, "n": n, "method": method, "position_marginals": marginals,
-           "simulate_s": sim_warm, "simulate_compile_s": max(sim_cold - sim_warm, 0.0)}
+    out = {
+        "D": D,
+        "L": L,
+        "n": n,
+        "method": method,
+        "position_marginals": marginals,
+        "simulate_s": sim_warm,
+        "simulate_compile_s": max(sim_cold - sim_warm, 0.0),
+    }
 
-    one, more = (_learner(method, e, spec["batch_size"], devices, spec.get("n_samples", 8), spec.get("slot_marginals", "auto"))
-                 for e in (1, epochs + 1))
+    one, more = (
+        _learner(method, e, spec["batch_size"], devices, spec.get("n_samples", 8), spec.get("slot_marginals", "auto"))
+        for e in (1, epochs + 1)
+    )
     repeats = range(spec["repeats"])
     cold_1 = _seconds(lambda: _ready(fit(data, make_key(3), one)))
     warm_1 = min(_seconds(lambda: _ready(fit(data, make_key(4 + r), one))) for r in repeats)
@@ -129,8 +142,13 @@ def run_one(spec: dict) -> dict:
     epoch = (warm_more - warm_1) / epochs
     if epoch <= 0:  # below the timing noise (tiny n): no per-epoch figure
         epoch = None
-    out.update(compile_s=max(cold_1 - warm_1, 0.0), fit_1_epoch_s=warm_1, fit_more_epochs_s=warm_more, epoch_s=epoch,
-               rows_per_s=None if epoch is None else n / epoch)
+    out.update(
+        compile_s=max(cold_1 - warm_1, 0.0),
+        fit_1_epoch_s=warm_1,
+        fit_more_epochs_s=warm_more,
+        epoch_s=epoch,
+        rows_per_s=None if epoch is None else n / epoch,
+    )
     if method == "ips":
         out.update(ips_flops(data, spec["batch_size"]))
         out.update(naive_ips(data, spec["batch_size"], spec["naive_rows"]))
@@ -188,7 +206,7 @@ def naive_ips(data, batch_size: int, rows: int) -> dict:
     ranking = np.asarray(data.ranking)
     value = np.asarray(data.reward, np.float64) @ np.asarray(data.position_weight, np.float64)
     log_pi0 = np.asarray(data.log_pi0_prefix[:, -1], np.float64)
-    dx, D = context.shape[1], data.n_items
+    D = data.n_items
 
     def row_gradient(W, b, i):
         """d/d(W, b) of -(w R) for row i: -w R grad log pi(a | x) (w without gradient)."""
@@ -278,8 +296,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="E: per-epoch time from fits with 1 and E+1 epochs")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--n-samples", type=int, default=8, help="LearnerConfig.n_samples (sampled rankings per row)")
-    parser.add_argument("--slot-marginals", default="auto", choices=SLOT_MARGINALS,
-                        help="LearnerConfig.slot_marginals (how IIPS gets the policy's slot marginals)")
+    parser.add_argument(
+        "--slot-marginals",
+        default="auto",
+        choices=SLOT_MARGINALS,
+        help="LearnerConfig.slot_marginals (how IIPS gets the policy's slot marginals)",
+    )
     parser.add_argument("--quick", action="store_true", help="one tiny size (D=6, L=3, n=2000): a smoke test")
     parser.add_argument("--device", action="store_true", help="data parallel over every visible device (GPU/TPU)")
     parser.add_argument("--max-n", type=int, default=None, help="cap every size's n (to check a size runs)")
@@ -292,9 +314,8 @@ def main() -> None:
         print(json.dumps(run_one(json.loads(args.child))))
         return
 
-    from _timing import environment
-
     import jax
+    from _timing import environment
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = sorted(set(methods) - set(METHODS))
@@ -302,49 +323,85 @@ def main() -> None:
         parser.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
     if args.epochs < 1:
         parser.error("--epochs must be >= 1")
-    sizes = QUICK_SIZES if args.quick else [s for name in (SIZES if args.sizes == "all" else [args.sizes]) for s in SIZES[name]]
+    sizes = (
+        QUICK_SIZES
+        if args.quick
+        else [s for name in (SIZES if args.sizes == "all" else [args.sizes]) for s in SIZES[name]]
+    )
     devices = jax.device_count() if args.device else 1
     if args.batch_size % devices:
         parser.error(f"--batch-size {args.batch_size} must be divisible by the {devices} devices")
     start = time.perf_counter()
     gflops = matmul_gflops(512 if args.quick else (8192 if jax.default_backend() != "cpu" else 2048))
-    print(f"float32 matmul: {gflops:.1f} GFLOP/s per device ({jax.default_backend()}, {devices} device(s) used)", flush=True)
+    print(
+        f"float32 matmul: {gflops:.1f} GFLOP/s per device ({jax.default_backend()}, {devices} device(s) used)",
+        flush=True,
+    )
     results = []
     for D, L, n, only in sizes:
         n = min(n, args.max_n) if args.max_n else n
         for method in methods:
             if only is not None and method not in only:
                 continue
-            spec = {"D": D, "L": L, "n": n, "method": method, "epochs": 1 if args.quick else args.epochs,
-                    "batch_size": args.batch_size, "n_samples": args.n_samples, "slot_marginals": args.slot_marginals,
-                    "device": args.device, "repeats": max(args.repeats, 1),
-                    "naive_rows": min(args.naive_rows, 256 if args.quick else args.naive_rows)}
+            spec = {
+                "D": D,
+                "L": L,
+                "n": n,
+                "method": method,
+                "epochs": 1 if args.quick else args.epochs,
+                "batch_size": args.batch_size,
+                "n_samples": args.n_samples,
+                "slot_marginals": args.slot_marginals,
+                "device": args.device,
+                "repeats": max(args.repeats, 1),
+                "naive_rows": min(args.naive_rows, 256 if args.quick else args.naive_rows),
+            }
             row = run_child(spec, args.timeout)
             if "ips_flops_per_row" in row and row["rows_per_s"] is not None:
                 achieved = row["ips_flops_per_row"] * row["rows_per_s"] / 1e9
-                row.update(ips_gflops=achieved, ips_fraction_of_matmul=achieved / (gflops * devices),
-                           ratio_naive_over_ours=row["naive_epoch_s"] / row["epoch_s"])
+                row.update(
+                    ips_gflops=achieved,
+                    ips_fraction_of_matmul=achieved / (gflops * devices),
+                    ratio_naive_over_ours=row["naive_epoch_s"] / row["epoch_s"],
+                )
             results.append(row)
             if "error" in row:
                 print(f"  D={D:<5} L={L:<3} n={n:<8} {method:<11} ERROR {row['error'][-300:]}", flush=True)
                 continue
-            epoch = "(below timing noise)" if row["epoch_s"] is None else f"{row['epoch_s']:8.4f} s ({row['rows_per_s']:>10,.0f} rows/s)"
-            line = (f"  D={D:<5} L={L:<3} n={n:<8} {method:<11} simulate {row['simulate_s']:8.3f} s  "
-                    f"compile {row['compile_s']:6.2f} s  epoch {epoch}  peak RSS {row['peak_rss_mb']:7.0f} MB")
+            epoch = (
+                "(below timing noise)"
+                if row["epoch_s"] is None
+                else f"{row['epoch_s']:8.4f} s ({row['rows_per_s']:>10,.0f} rows/s)"
+            )
+            line = (
+                f"  D={D:<5} L={L:<3} n={n:<8} {method:<11} simulate {row['simulate_s']:8.3f} s  "
+                f"compile {row['compile_s']:6.2f} s  epoch {epoch}  peak RSS {row['peak_rss_mb']:7.0f} MB"
+            )
             if "device_peak_mb" in row:
                 line += f"  device peak {row['device_peak_mb']:.0f} MB"
             if "ips_gflops" in row:
-                line += (f"\n      IPS: {row['ips_flops_per_row']:,.0f} flops/row (matmuls {row['ips_matmul_flops_per_row']:,.0f}), "
-                         f"{row['ips_gflops']:.3f} GFLOP/s = {row['ips_fraction_of_matmul']:.2%} of matmul; "
-                         f"naive per-row loop {row['naive_epoch_s']:.2f} s/epoch = {row['ratio_naive_over_ours']:.0f}x ours "
-                         f"(gradient rel. diff {row['naive_grad_rel_diff']:.1e})")
+                line += (
+                    f"\n      IPS: {row['ips_flops_per_row']:,.0f} flops/row (matmuls {row['ips_matmul_flops_per_row']:,.0f}), "
+                    f"{row['ips_gflops']:.3f} GFLOP/s = {row['ips_fraction_of_matmul']:.2%} of matmul; "
+                    f"naive per-row loop {row['naive_epoch_s']:.2f} s/epoch = {row['ratio_naive_over_ours']:.0f}x ours "
+                    f"(gradient rel. diff {row['naive_grad_rel_diff']:.1e})"
+                )
             print(line, flush=True)
     summary = {
-        "bench": "scale", "quick": args.quick, "sizes": "quick" if args.quick else args.sizes, "methods": methods,
-        "epochs": 1 if args.quick else args.epochs, "batch_size": args.batch_size, "n_samples": args.n_samples,
-        "slot_marginals": args.slot_marginals, "device": args.device,
-        "devices": devices, "matmul_gflops": round(gflops, 2), "results": results,
-        "total_seconds": round(time.perf_counter() - start, 1), **environment(),
+        "bench": "scale",
+        "quick": args.quick,
+        "sizes": "quick" if args.quick else args.sizes,
+        "methods": methods,
+        "epochs": 1 if args.quick else args.epochs,
+        "batch_size": args.batch_size,
+        "n_samples": args.n_samples,
+        "slot_marginals": args.slot_marginals,
+        "device": args.device,
+        "devices": devices,
+        "matmul_gflops": round(gflops, 2),
+        "results": results,
+        "total_seconds": round(time.perf_counter() - start, 1),
+        **environment(),
     }
     print(json.dumps(summary))
 

@@ -61,9 +61,9 @@ import io
 import itertools
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import jax
 import numpy as np
@@ -181,9 +181,7 @@ def obp_dataset(env: SyntheticRankingEnv) -> SyntheticSlateBanditDataset:
 def obp_sampler(dataset: SyntheticSlateBanditDataset, n: int, marginals: bool) -> Callable[[], object]:
     def run():
         with contextlib.redirect_stderr(io.StringIO()):  # obp's tqdm progress bars
-            return dataset.obtain_batch_bandit_feedback(
-                n_rounds=n, return_pscore_item_position=marginals
-            )
+            return dataset.obtain_batch_bandit_feedback(n_rounds=n, return_pscore_item_position=marginals)
 
     return run
 

@@ -28,7 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import best_of, environment, seconds  # noqa: E402
 
-SETTINGS = (("prefix", 2), ("prefix", 8), ("insertion", 1), ("insertion", 2))  # insertion: logged baseline at N = 1, leave-one-out from 2
+SETTINGS = (
+    ("prefix", 2),
+    ("prefix", 8),
+    ("insertion", 1),
+    ("insertion", 2),
+)  # insertion: logged baseline at N = 1, leave-one-out from 2
 
 
 def one_batch(n_items: int, n_slots: int, rows: int, draws: int) -> list[dict]:
@@ -37,7 +42,6 @@ def one_batch(n_items: int, n_slots: int, rows: int, draws: int) -> list[dict]:
     import numpy as np
 
     from opl_rank import make_key
-
     from opl_rank.pl import marginals
     from opl_rank.pl import plackett_luce as pl
 
@@ -61,10 +65,17 @@ def one_batch(n_items: int, n_slots: int, rows: int, draws: int) -> list[dict]:
         for k in keys:
             v = estimate(k, logits)
             g = step(logits, k)[1]
-            values.append(np.asarray(v)); grads.append(np.asarray(g))
-        out.append({"estimator": name, "n_samples": n, "step_ms": ms,
-                    "value_var": float(np.mean(np.var(values, axis=0))),
-                    "grad_var": float(np.mean(np.var(grads, axis=0)))})
+            values.append(np.asarray(v))
+            grads.append(np.asarray(g))
+        out.append(
+            {
+                "estimator": name,
+                "n_samples": n,
+                "step_ms": ms,
+                "value_var": float(np.mean(np.var(values, axis=0))),
+                "grad_var": float(np.mean(np.var(grads, axis=0))),
+            }
+        )
         print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -74,8 +85,8 @@ def learning(n_items: int, n_slots: int, n_rows: int, epochs: int, seeds: int, n
 
     from opl_rank import make_key
     from opl_rank.opl.learners import LearnerConfig, fit
-    from simulators import SyntheticRankingEnv
     from opl_rank.optimization import TrainConfig
+    from simulators import SyntheticRankingEnv
 
     out = []
     for seed in range(seeds):
@@ -83,8 +94,12 @@ def learning(n_items: int, n_slots: int, n_rows: int, epochs: int, seeds: int, n
         data = env.sample_logged_data(make_key(200 + seed), n_rows, position_marginals="exact")
         v0 = env.logging_policy_value(make_key(300 + seed), n_eval).value
         for name, n in SETTINGS:
-            config = LearnerConfig("iips", slot_marginals="sampled" if name == "prefix" else "insertion",
-                                   slot_marginal_samples=n, train=TrainConfig(epochs=epochs, batch_size=256, learning_rate=5e-2))
+            config = LearnerConfig(
+                "iips",
+                slot_marginals="sampled" if name == "prefix" else "insertion",
+                slot_marginal_samples=n,
+                train=TrainConfig(epochs=epochs, batch_size=256, learning_rate=5e-2),
+            )
             policy = None
 
             def run():
@@ -93,14 +108,29 @@ def learning(n_items: int, n_slots: int, n_rows: int, epochs: int, seeds: int, n
 
             wall = seconds(run)
             value = env.policy_value(policy, make_key(500 + seed), n_eval).value
-            out.append({"seed": seed, "estimator": name, "n_samples": n, "fit_s": wall,
-                        "value": float(value), "logging_value": float(v0)})
+            out.append(
+                {
+                    "seed": seed,
+                    "estimator": name,
+                    "n_samples": n,
+                    "fit_s": wall,
+                    "value": float(value),
+                    "logging_value": float(v0),
+                }
+            )
             print(json.dumps(out[-1]), flush=True)
     summary = []
     for name, n in SETTINGS:
         vals = [r["value"] for r in out if r["estimator"] == name and r["n_samples"] == n]
-        summary.append({"estimator": name, "n_samples": n, "value_mean": float(np.mean(vals)),
-                        "value_sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0, "values": vals})
+        summary.append(
+            {
+                "estimator": name,
+                "n_samples": n,
+                "value_mean": float(np.mean(vals)),
+                "value_sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                "values": vals,
+            }
+        )
     return out + summary
 
 
@@ -114,8 +144,11 @@ def main() -> None:
     else:
         batch = one_batch(100, 10, 256, 200)
         learned = learning(100, 10, 20_000, 10, 3, 20_000)
-    print(json.dumps({"bench": "slot_marginals", "quick": args.quick, "batch": batch, "learning": learned,
-                      **environment()}))
+    print(
+        json.dumps(
+            {"bench": "slot_marginals", "quick": args.quick, "batch": batch, "learning": learned, **environment()}
+        )
+    )
 
 
 if __name__ == "__main__":

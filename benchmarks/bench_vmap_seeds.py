@@ -64,8 +64,11 @@ def main() -> None:
         one_by_one = seconds(lambda: wait([fit(d, k, config) for d, k in zip(datas[1:], keys[1:])]))
         vmapped = seconds(lambda: wait(fit_seeds(datas[1:], stacked, config)))
         results[name] = {"one_by_one_s": one_by_one, "vmapped_s": vmapped, "ratio": one_by_one / vmapped}
-        print(f"{name:<22} {args.seeds} seeds, n={args.n}: one by one {one_by_one:6.2f} s   vmapped {vmapped:6.2f} s   "
-              f"ratio {one_by_one / vmapped:5.2f}", flush=True)
+        print(
+            f"{name:<22} {args.seeds} seeds, n={args.n}: one by one {one_by_one:6.2f} s   vmapped {vmapped:6.2f} s   "
+            f"ratio {one_by_one / vmapped:5.2f}",
+            flush=True,
+        )
     print(json.dumps({"seeds": args.seeds, "n": args.n, "results": results, **environment()}))
 
 

@@ -16,9 +16,18 @@ import dataclasses
 import math
 import os
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["run_fit", "run_evaluate", "run_rank", "format_fit", "format_evaluation", "OPE_ESTIMATORS", "parse_position_weight"]
+__all__ = [
+    "run_fit",
+    "run_evaluate",
+    "run_rank",
+    "format_fit",
+    "format_evaluation",
+    "OPE_ESTIMATORS",
+    "parse_position_weight",
+]
 
 # The table `evaluate` prints by default (iips only when the logs have position marginals).
 OPE_ESTIMATORS = ("dm", "ips", "snips", "dr", "iips", "rips", "topk")
@@ -48,8 +57,12 @@ def parse_position_weight(text: str | None) -> list[float] | None:
 
 
 def _positive(option: str, value: Any, kind: type = int) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or not value > 0
-                              or (kind is float and not math.isfinite(value))):
+    if value is not None and (
+        isinstance(value, bool)
+        or not isinstance(value, kind)
+        or not value > 0
+        or (kind is float and not math.isfinite(value))
+    ):
         raise ValueError(f"{option} must be a positive {'int' if kind is int else 'number'}, got {value!r}")
 
 
@@ -88,17 +101,30 @@ def run_fit(*, progress: bool = False, **options: Any) -> dict[str, Any]:
     return summary
 
 
-def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, reward_model: str = "additive",
-         epochs: int | None = None, reward_epochs: int | None = None, batch_size: int | None = None,
-         learning_rate: float | None = None, k_estimator: str = "dr", k_candidates: str | None = None,
-         n_items: int | None = None,
-         position_weight: list[float] | None = None, seed: int = 0, step: Any = lambda label: None) -> dict[str, Any]:
+def _fit(
+    *,
+    data: str,
+    out: str,
+    method: str = "rpod",
+    k: str | None = None,
+    reward_model: str = "additive",
+    epochs: int | None = None,
+    reward_epochs: int | None = None,
+    batch_size: int | None = None,
+    learning_rate: float | None = None,
+    k_estimator: str = "dr",
+    k_candidates: str | None = None,
+    n_items: int | None = None,
+    position_weight: list[float] | None = None,
+    seed: int = 0,
+    step: Any = lambda label: None,
+) -> dict[str, Any]:
+    from opl_rank.io.persistence import save_policy
     from opl_rank.opl import estimators as opl_estimators
     from opl_rank.opl.learners import LearnerConfig, fit, learning_methods, needs_position_marginals, needs_reward_model
-    from opl_rank.io.persistence import save_policy
-    from opl_rank.prng import split_seed
     from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
     from opl_rank.opl.select_k import select_k
+    from opl_rank.prng import split_seed
 
     methods = learning_methods()
     if method not in methods:
@@ -110,9 +136,15 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
     if k_candidates is not None and not (method == "rpod" and (k is None or k.strip() == "auto")):
         raise ValueError("--k-candidates is only for --method rpod with --k auto")
     if method == "rpod" and k_estimator not in opl_estimators.OPL_ESTIMATORS:
-        raise ValueError(f"--k-estimator must be one of {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}; got {k_estimator!r}")
-    for option, value in (("--epochs", epochs), ("--reward-epochs", reward_epochs), ("--batch-size", batch_size),
-                          ("--n-items", n_items)):
+        raise ValueError(
+            f"--k-estimator must be one of {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}; got {k_estimator!r}"
+        )
+    for option, value in (
+        ("--epochs", epochs),
+        ("--reward-epochs", reward_epochs),
+        ("--batch-size", batch_size),
+        ("--n-items", n_items),
+    ):
         _positive(option, value)
     _positive("--learning-rate", learning_rate, float)
     if seed < 0:
@@ -139,17 +171,27 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
         except ValueError:
             candidates = ()
         if not candidates or any(not 0 <= c <= n_slots for c in candidates):
-            raise ValueError(f"--k-candidates must be comma-separated ints in [0, L={n_slots}] (L from --data), "
-                             f"got {k_candidates!r}")
+            raise ValueError(
+                f"--k-candidates must be comma-separated ints in [0, L={n_slots}] (L from --data), got {k_candidates!r}"
+            )
     if needs_position_marginals(method) and logs.log_pi0_position_marginal is None:
-        raise ValueError(f"--method {method} needs logging position marginals: --data {data} has no "
-                         "log_pi0_position_marginal (or pi0_position_marginal) column")
+        raise ValueError(
+            f"--method {method} needs logging position marginals: --data {data} has no "
+            "log_pi0_position_marginal (or pi0_position_marginal) column"
+        )
 
     defaults = LearnerConfig(method="ips")
-    train = dataclasses.replace(defaults.train, **_given(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate))
+    train = dataclasses.replace(
+        defaults.train, **_given(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate)
+    )
     reward_train = dataclasses.replace(defaults.reward_train, **_given(epochs=reward_epochs, batch_size=batch_size))
-    config = LearnerConfig(method=method, k=0 if chosen == "auto" else chosen, reward_model=reward_model,
-                           train=train, reward_train=reward_train)
+    config = LearnerConfig(
+        method=method,
+        k=0 if chosen == "auto" else chosen,
+        reward_model=reward_model,
+        train=train,
+        reward_train=reward_train,
+    )
     key_select, key_fit = split_seed(seed, 2)
     summary: dict[str, Any] = {"method": method}
     selection = None
@@ -165,14 +207,19 @@ def _fit(*, data: str, out: str, method: str = "rpod", k: str | None = None, rew
     metadata = {"data": os.path.abspath(data), "seed": seed, "n": logs.n_rounds, "k_selection": _finite(selection)}
     step(f"saving {out}")
     spec_path = save_policy(policy, out, config=config, metadata=metadata)
-    summary.update({
-        "k": config.k if method == "rpod" else None,
-        "reward_model": reward_model if needs_reward_model(method) else None,
-        "policy": type(policy).__name__,
-        "n": logs.n_rounds, "D": logs.n_items, "L": n_slots, "dx": int(logs.context.shape[1]),
-        "seed": seed,
-        "saved_to": os.path.dirname(spec_path),
-    })
+    summary.update(
+        {
+            "k": config.k if method == "rpod" else None,
+            "reward_model": reward_model if needs_reward_model(method) else None,
+            "policy": type(policy).__name__,
+            "n": logs.n_rounds,
+            "D": logs.n_items,
+            "L": n_slots,
+            "dx": int(logs.context.shape[1]),
+            "seed": seed,
+            "saved_to": os.path.dirname(spec_path),
+        }
+    )
     if selection is not None:
         summary["k_estimator"] = selection["estimator"]
         summary["k_selection"] = selection["table"]
@@ -185,12 +232,19 @@ def format_fit(summary: dict[str, Any]) -> str:
     width = max(len(name) for name in items)
     lines = [f"{name:<{width}}  {value}" for name, value in items.items()]
     if summary.get("k_selection"):
-        lines += ["", f"k selection by OPE ({summary['k_estimator']}) on a hold-out split:",
-                  f"{'k':>3}  {'value':>10}  {'se':>9}  {'ci_low':>10}  {'ci_high':>10}  {'ess':>9}"]
+        lines += [
+            "",
+            f"k selection by OPE ({summary['k_estimator']}) on a hold-out split:",
+            f"{'k':>3}  {'value':>10}  {'se':>9}  {'ci_low':>10}  {'ci_high':>10}  {'ess':>9}",
+        ]
         for row in summary["k_selection"]:
-            cells = [("nan" if row[f] is None else f"{row[f]:.4g}") for f in ("value", "stderr", "ci_low", "ci_high", "ess")]
+            cells = [
+                ("nan" if row[f] is None else f"{row[f]:.4g}") for f in ("value", "stderr", "ci_low", "ci_high", "ess")
+            ]
             mark = "  <- chosen" if row["k"] == summary["k"] else ""
-            lines.append(f"{row['k']:>3}  {cells[0]:>10}  {cells[1]:>9}  {cells[2]:>10}  {cells[3]:>10}  {cells[4]:>9}{mark}")
+            lines.append(
+                f"{row['k']:>3}  {cells[0]:>10}  {cells[1]:>9}  {cells[2]:>10}  {cells[3]:>10}  {cells[4]:>9}{mark}"
+            )
     return "\n".join(lines)
 
 
@@ -209,17 +263,28 @@ def _load(policy_dir: str) -> tuple[Any, dict]:
         return load_policy(policy_dir), spec
 
 
-def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None, reward_model: str | None = None,
-                 ci: str = "normal", level: float = 0.95, n_samples: int = 256, seed: int = 0,
-                 n_items: int | None = None, position_weight: list[float] | None = None) -> dict[str, Any]:
+def run_evaluate(
+    *,
+    policy: str,
+    data: str,
+    estimators: list[str] | None = None,
+    reward_model: str | None = None,
+    ci: str = "normal",
+    level: float = 0.95,
+    n_samples: int = 256,
+    seed: int = 0,
+    n_items: int | None = None,
+    position_weight: list[float] | None = None,
+) -> dict[str, Any]:
     """The OPE table of the saved policy ``policy`` on the logs ``data``."""
     import numpy as np
 
-    from opl_rank.opl import ope, estimators as opl_estimators
-    from opl_rank.optimization import TrainConfig
     from opl_rank.io.persistence import check_context_dim
-    from opl_rank.prng import split_seed
+    from opl_rank.opl import estimators as opl_estimators
+    from opl_rank.opl import ope
     from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, base_kind, fit_reward_model
+    from opl_rank.optimization import TrainConfig
+    from opl_rank.prng import split_seed
 
     if ci not in ("normal", "bootstrap"):
         raise ValueError(f"--ci must be 'normal' or 'bootstrap', got {ci!r}")
@@ -234,7 +299,9 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
     if estimators is not None:
         for name in estimators:
             if name not in opl_estimators.OPL_ESTIMATORS:
-                raise ValueError(f"--estimators: unknown estimator {name!r}; registered: {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}")
+                raise ValueError(
+                    f"--estimators: unknown estimator {name!r}; registered: {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}"
+                )
     ranker, spec = _load(policy)
     # The policy's n_items is the default: a CSV or foreign Parquet file need not record it
     # (a file that records another value is an error naming both).
@@ -243,7 +310,9 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
         if logs.n_items != int(spec["n_items"]):
             raise ValueError(f"the logs have n_items={logs.n_items}, the policy ranks {spec['n_items']} items")
         if logs.ranking_length != int(spec["n_slots"]):
-            raise ValueError(f"the logged rankings have L={logs.ranking_length}, the policy ranks {spec['n_slots']} slots")
+            raise ValueError(
+                f"the logged rankings have L={logs.ranking_length}, the policy ranks {spec['n_slots']} slots"
+            )
         check_context_dim(spec, int(logs.context.shape[1]))
     has_marginals = logs.log_pi0_position_marginal is not None
     if estimators is None:
@@ -251,38 +320,75 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
     elif not has_marginals:
         needing = [name for name in estimators if opl_estimators.get(name).needs_position_marginals]
         if needing:
-            raise ValueError(f"--estimators {', '.join(needing)} need logging position marginals: --data {data} has no "
-                             "log_pi0_position_marginal (or pi0_position_marginal) column")
+            raise ValueError(
+                f"--estimators {', '.join(needing)} need logging position marginals: --data {data} has no "
+                "log_pi0_position_marginal (or pi0_position_marginal) column"
+            )
     entries = {name: opl_estimators.get(name) for name in estimators}
     config = spec.get("config") or {}
     kind = reward_model or base_kind(config.get("reward_model", "additive"))
     key_model, key_ope = split_seed(seed, 2)
     model = None
     if any(e.needs_reward_model for e in entries.values()):
-        train = TrainConfig(**{name: value for name, value in (config.get("reward_train") or {}).items()
-                               if name in {f.name for f in dataclasses.fields(TrainConfig)}})
+        train = TrainConfig(
+            **{
+                name: value
+                for name, value in (config.get("reward_train") or {}).items()
+                if name in {f.name for f in dataclasses.fields(TrainConfig)}
+            }
+        )
         feature_dim = config.get("item_feature_dim")
-        model = fit_reward_model(logs, key_model, kind=kind, hidden=tuple(config.get("reward_hidden") or ()),
-                                 config=train, item_feature_dim=feature_dim,
-                                 two_step_k=int(spec["k"]) if kind.endswith("-two-step") else None)
+        model = fit_reward_model(
+            logs,
+            key_model,
+            kind=kind,
+            hidden=tuple(config.get("reward_hidden") or ()),
+            config=train,
+            item_feature_dim=feature_dim,
+            two_step_k=int(spec["k"]) if kind.endswith("-two-step") else None,
+        )
     k = int(spec["k"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ope.DegenerateWeightsWarning)
-        results = ope.evaluate(ranker, logs, key_ope, estimators=tuple(estimators), reward_model=model,
-                               k=k if any(e.uses_k for e in entries.values()) else None,
-                               ci=ci, level=level, n_samples=n_samples)
+        results = ope.evaluate(
+            ranker,
+            logs,
+            key_ope,
+            estimators=tuple(estimators),
+            reward_model=model,
+            k=k if any(e.uses_k for e in entries.values()) else None,
+            ci=ci,
+            level=level,
+            n_samples=n_samples,
+        )
     for warning in caught:
         if not issubclass(warning.category, ope.DegenerateWeightsWarning):
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     weighted = np.asarray(logs.reward, np.float64) @ np.asarray(logs.position_weight, np.float64)
     summary = {
-        "policy": policy, "policy_class": spec["policy"]["class"], "k": k, "data": data,
-        "n": logs.n_rounds, "D": logs.n_items, "L": logs.ranking_length,
-        "reward_model": kind if model is not None else None, "ci": ci, "level": level,
+        "policy": policy,
+        "policy_class": spec["policy"]["class"],
+        "k": k,
+        "data": data,
+        "n": logs.n_rounds,
+        "D": logs.n_items,
+        "L": logs.ranking_length,
+        "reward_model": kind if model is not None else None,
+        "ci": ci,
+        "level": level,
         "logged_value": float(weighted.mean()),
         "logged_value_se": float(weighted.std(ddof=1) / math.sqrt(len(weighted))) if len(weighted) > 1 else math.nan,
-        "estimates": {name: {"value": r.value, "stderr": r.stderr, "ci_low": r.ci_low, "ci_high": r.ci_high,
-                             "ess": r.ess, "max_weight": r.max_weight} for name, r in results.items()},
+        "estimates": {
+            name: {
+                "value": r.value,
+                "stderr": r.stderr,
+                "ci_low": r.ci_low,
+                "ci_high": r.ci_high,
+                "ess": r.ess,
+                "max_weight": r.max_weight,
+            }
+            for name, r in results.items()
+        },
         "warnings": [str(w.message) for w in caught if issubclass(w.category, ope.DegenerateWeightsWarning)],
     }
     return _finite(summary)
@@ -290,6 +396,7 @@ def run_evaluate(*, policy: str, data: str, estimators: list[str] | None = None,
 
 def format_evaluation(summary: dict[str, Any]) -> str:
     """The OPE table as text."""
+
     def num(value: Any) -> str:
         return "nan" if value is None else f"{value:.4g}"
 
@@ -302,11 +409,15 @@ def format_evaluation(summary: dict[str, Any]) -> str:
         "",
     ]
     header = ("estimator", "value", "se", "ci_low", "ci_high", "ess", "max_weight")
-    rows = [header] + [(name, *(num(e[f]) for f in ("value", "stderr", "ci_low", "ci_high", "ess", "max_weight")))
-                       for name, e in summary["estimates"].items()]
+    rows = [header] + [
+        (name, *(num(e[f]) for f in ("value", "stderr", "ci_low", "ci_high", "ess", "max_weight")))
+        for name, e in summary["estimates"].items()
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for j, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        )
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     for message in summary["warnings"]:
@@ -317,16 +428,17 @@ def format_evaluation(summary: dict[str, Any]) -> str:
 # -- rank ------------------------------------------------------------------------------
 
 
-def run_rank(*, policy: str, contexts: str, out: str, sample: bool = False, seed: int = 0,
-             chunk_size: int = 8192) -> dict[str, Any]:
+def run_rank(
+    *, policy: str, contexts: str, out: str, sample: bool = False, seed: int = 0, chunk_size: int = 8192
+) -> dict[str, Any]:
     """Rank every row of the table ``contexts`` with the saved policy; write ``out``."""
     import jax
     import numpy as np
 
     from opl_rank.io.persistence import check_context_dim
+    from opl_rank.io.tabular import read_contexts, write_rankings
     from opl_rank.opl.policies import greedy_rankings
     from opl_rank.prng import make_key
-    from opl_rank.io.tabular import read_contexts, write_rankings
 
     if seed < 0:
         raise ValueError(f"--seed must be >= 0, got {seed}")
@@ -342,8 +454,8 @@ def run_rank(*, policy: str, contexts: str, out: str, sample: bool = False, seed
     key = make_key(seed)
     rankings, log_probs = [], []
     for i, start in enumerate(range(0, context.shape[0], chunk_size)):
-        x = jax.numpy.asarray(context[start:start + chunk_size])
-        where = None if mask is None else jax.numpy.asarray(mask[start:start + chunk_size])
+        x = jax.numpy.asarray(context[start : start + chunk_size])
+        where = None if mask is None else jax.numpy.asarray(mask[start : start + chunk_size])
         if sample:
             chunk = ranker.sample(jax.random.fold_in(key, i), x, where=where)
             log_probs.append(np.asarray(ranker.log_prob(x, chunk, where=where)))
@@ -355,5 +467,13 @@ def run_rank(*, policy: str, contexts: str, out: str, sample: bool = False, seed
         columns["log_prob"] = np.concatenate(log_probs).astype(np.float32)
     with _option("--out"):
         write_rankings(table, out, columns)
-    return {"policy": policy, "policy_class": spec["policy"]["class"], "contexts": contexts, "n": int(context.shape[0]),
-            "L": int(columns["ranking"].shape[1]), "sampled": sample, "seed": seed if sample else None, "saved_to": out}
+    return {
+        "policy": policy,
+        "policy_class": spec["policy"]["class"],
+        "contexts": contexts,
+        "n": int(context.shape[0]),
+        "L": int(columns["ranking"].shape[1]),
+        "sampled": sample,
+        "seed": seed if sample else None,
+        "saved_to": out,
+    }

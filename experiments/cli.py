@@ -23,7 +23,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from experiments.user_code import load_callable
 
@@ -40,13 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
         "simulator), log n rounds of its logging policy, and print n, D, L, the logging policy "
         "value, reward statistics and propensity ranges.",
     )
-    sim.add_argument("--simulator", default="synthetic",
-                     help="a registered simulator: synthetic (default), semi_synthetic, or one a --plugin registers")
-    sim.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                     help="import MODULE first (it registers a simulator); repeatable")
-    sim.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="another simulator's options: sweep config keys (interaction_scale=2, letor_path=...) "
-                     "or the simulator's own options (its EnvironmentSpec.options); repeatable")
+    sim.add_argument(
+        "--simulator",
+        default="synthetic",
+        help="a registered simulator: synthetic (default), semi_synthetic, or one a --plugin registers",
+    )
+    sim.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers a simulator); repeatable",
+    )
+    sim.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another simulator's options: sweep config keys (interaction_scale=2, letor_path=...) "
+        "or the simulator's own options (its EnvironmentSpec.options); repeatable",
+    )
     sim.add_argument("--n", type=int, default=1000, help="logged rounds (default 1000)")
     sim.add_argument("--n-items", "-D", type=int, default=10, help="candidate items D (default 10)")
     sim.add_argument("--length", "-L", type=int, default=5, help="ranking length L (default 5)")
@@ -68,12 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also log exact position-marginal propensities for IIPS (default exact)",
     )
     sim.add_argument("--seed", type=int, default=0, help="environment and data seed (default 0)")
-    sim.add_argument(
-        "--value-contexts", type=int, default=100_000, help="contexts for the ground-truth logging value"
-    )
+    sim.add_argument("--value-contexts", type=int, default=100_000, help="contexts for the ground-truth logging value")
     sim.add_argument("--out", default=None, help="save the logged data to this .npz file")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    sim.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
+    sim.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
+    )
 
     ltr = sub.add_parser(
         "ltr",
@@ -82,9 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         "exposure paper's estimators; print NDCG@K per epoch.",
     )
     ltr.add_argument("--config", required=True, help="YAML config (see experiments/configs/ltr_exposure.yaml)")
-    ltr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
+    ltr.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)"
+    )
     ltr.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
-    ltr.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
+    ltr.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
+    )
 
     sweep = sub.add_parser(
         "sweep",
@@ -95,24 +113,38 @@ def build_parser() -> argparse.ArgumentParser:
         "is refused (see --new-config), and one sweep at a time may write to a folder.",
     )
     sweep.add_argument("--config", required=True, help="YAML config (see experiments/configs/synthetic_opl.yaml)")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
-    sweep.add_argument("--backend", default="serial", choices=["serial", "processes", "ray"], help="where cells run (default: serial)")
-    sweep.add_argument("--ray-address", default=None, help="an existing Ray cluster for --backend ray (default: start a local one)")
-    sweep.add_argument("--workers", type=int, default=None, help="worker processes for --backend processes (default: CPU count)")
     sweep.add_argument(
-        "--compilation-cache", default=None, metavar="DIR",
+        "--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)"
+    )
+    sweep.add_argument(
+        "--backend", default="serial", choices=["serial", "processes", "ray"], help="where cells run (default: serial)"
+    )
+    sweep.add_argument(
+        "--ray-address", default=None, help="an existing Ray cluster for --backend ray (default: start a local one)"
+    )
+    sweep.add_argument(
+        "--workers", type=int, default=None, help="worker processes for --backend processes (default: CPU count)"
+    )
+    sweep.add_argument(
+        "--compilation-cache",
+        default=None,
+        metavar="DIR",
         help="JAX persistent compilation cache (default: $OPL_RANK_JAX_CACHE or ~/.cache/opl_rank/jax; '' disables)",
     )
     sweep.add_argument(
-        "--new-config", action="store_true",
+        "--new-config",
+        action="store_true",
         help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
     )
     sweep.add_argument(
-        "--recompute-stale", action="store_true",
+        "--recompute-stale",
+        action="store_true",
         help="recompute the cells another opl_rank version wrote (without it such a folder is refused)",
     )
     sweep.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
-    sweep.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
+    sweep.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
+    )
 
     pairwise = sub.add_parser(
         "pairwise",
@@ -122,13 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
         "NDCG@{1,3,5,10} and MAP on the test queries (mean ± SE over seeds).",
     )
     pairwise.add_argument("--config", required=True, help="YAML config (see experiments/configs/pairwise_yahoo.yaml)")
-    pairwise.add_argument("--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)")
     pairwise.add_argument(
-        "--new-config", action="store_true",
+        "--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)"
+    )
+    pairwise.add_argument(
+        "--new-config",
+        action="store_true",
         help="when output_dir holds another config, write to output_dir/config-<hash8>/ instead of stopping",
     )
     pairwise.add_argument("--json", action="store_true", help="print the summary as one JSON object at the end")
-    pairwise.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
+    pairwise.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
+    )
 
     report = sub.add_parser(
         "report",
@@ -154,29 +191,56 @@ def _add_byo_parsers(sub: Any) -> None:
     )
     fit.add_argument("--data", required=True, help=logs_help)
     fit.add_argument("--out", required=True, metavar="DIR", help="directory to save the policy in")
-    fit.add_argument("--method", default="rpod",
-                     help="learning method: an estimator (ips, snips, dr, dm, iips, rips, or a registered one), "
-                     "regression, or rpod (default rpod)")
-    fit.add_argument("--k", default=None,
-                     help="R-POD's top-k length: an int in [0, L], or 'auto' to choose it by OPE on a hold-out "
-                     "split (the default for rpod)")
-    fit.add_argument("--reward-model", default="additive",
-                     help="f_hat's kind: additive, pairwise, additive-two-step, pairwise-two-step (default additive)")
+    fit.add_argument(
+        "--method",
+        default="rpod",
+        help="learning method: an estimator (ips, snips, dr, dm, iips, rips, or a registered one), "
+        "regression, or rpod (default rpod)",
+    )
+    fit.add_argument(
+        "--k",
+        default=None,
+        help="R-POD's top-k length: an int in [0, L], or 'auto' to choose it by OPE on a hold-out "
+        "split (the default for rpod)",
+    )
+    fit.add_argument(
+        "--reward-model",
+        default="additive",
+        help="f_hat's kind: additive, pairwise, additive-two-step, pairwise-two-step (default additive)",
+    )
     fit.add_argument("--epochs", type=int, default=None, help="policy training epochs (default 30)")
     fit.add_argument("--reward-epochs", type=int, default=None, help="reward-model training epochs (default 60)")
     fit.add_argument("--batch-size", type=int, default=None, help="rows per step (default 256)")
     fit.add_argument("--learning-rate", type=float, default=None, help="policy learning rate (default 0.05)")
     fit.add_argument("--k-estimator", default="dr", help="OPE estimator that chooses k under --k auto (default dr)")
-    fit.add_argument("--k-candidates", default=None, metavar="K1,K2,...",
-                     help="the k values --k auto compares (default every k in 0..L)")
-    fit.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: inferred)")
-    fit.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
-                     "them (default DCG)")
+    fit.add_argument(
+        "--k-candidates",
+        default=None,
+        metavar="K1,K2,...",
+        help="the k values --k auto compares (default every k in 0..L)",
+    )
+    fit.add_argument(
+        "--n-items", type=int, default=None, help="D, when the file does not record it (default: inferred)"
+    )
+    fit.add_argument(
+        "--position-weight",
+        "--alpha",
+        dest="position_weight",
+        default=None,
+        help="position weights, comma-separated, when the file does not record them (default DCG)",
+    )
     fit.add_argument("--seed", type=int, default=0, help="seed of the fit (default 0)")
-    fit.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
+    fit.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
+    )
     fit.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    fit.add_argument("--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)")
+    fit.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
+    )
 
     ev = sub.add_parser(
         "evaluate",
@@ -187,19 +251,37 @@ def _add_byo_parsers(sub: Any) -> None:
     )
     ev.add_argument("--policy", required=True, metavar="DIR", help="a directory written by `opl-rank fit`")
     ev.add_argument("--data", required=True, help=logs_help)
-    ev.add_argument("--estimators", default=None,
-                    help="comma-separated estimators (default dm,ips,snips,dr,iips,rips,topk)")
-    ev.add_argument("--reward-model", default=None,
-                    help="f_hat's kind for dm/dr/topk (default: the policy's, else additive)")
-    ev.add_argument("--ci", default="normal", help="interval method: normal (delta method) or bootstrap (default normal)")
+    ev.add_argument(
+        "--estimators", default=None, help="comma-separated estimators (default dm,ips,snips,dr,iips,rips,topk)"
+    )
+    ev.add_argument(
+        "--reward-model", default=None, help="f_hat's kind for dm/dr/topk (default: the policy's, else additive)"
+    )
+    ev.add_argument(
+        "--ci", default="normal", help="interval method: normal (delta method) or bootstrap (default normal)"
+    )
     ev.add_argument("--level", type=float, default=0.95, help="confidence level (default 0.95)")
-    ev.add_argument("--n-samples", type=int, default=256, help="rankings sampled per round for model terms (default 256)")
-    ev.add_argument("--n-items", type=int, default=None, help="D, when the file does not record it (default: the policy's)")
-    ev.add_argument("--position-weight", "--alpha", dest="position_weight", default=None, help="position weights, comma-separated, when the file does not record "
-                    "them (default DCG)")
+    ev.add_argument(
+        "--n-samples", type=int, default=256, help="rankings sampled per round for model terms (default 256)"
+    )
+    ev.add_argument(
+        "--n-items", type=int, default=None, help="D, when the file does not record it (default: the policy's)"
+    )
+    ev.add_argument(
+        "--position-weight",
+        "--alpha",
+        dest="position_weight",
+        default=None,
+        help="position weights, comma-separated, when the file does not record them (default DCG)",
+    )
     ev.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    ev.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
+    ev.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
+    )
     ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
 
     rank = sub.add_parser(
@@ -212,10 +294,17 @@ def _add_byo_parsers(sub: Any) -> None:
     rank.add_argument("--policy", required=True, metavar="DIR", help="a directory written by `opl-rank fit`")
     rank.add_argument("--contexts", required=True, help="contexts: .parquet or .csv with a `context` list column")
     rank.add_argument("--out", required=True, help="output table: .parquet or .csv")
-    rank.add_argument("--sample", action="store_true", help="sample rankings from the policy instead of the greedy ranking")
+    rank.add_argument(
+        "--sample", action="store_true", help="sample rankings from the policy instead of the greedy ranking"
+    )
     rank.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
-    rank.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                     help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable")
+    rank.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
+    )
     rank.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
@@ -228,22 +317,41 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     if args.command == "fit":
         summary = byo_logs.run_fit(
-            data=args.data, out=args.out, method=args.method, k=args.k, reward_model=args.reward_model,
-            epochs=args.epochs, reward_epochs=args.reward_epochs, batch_size=args.batch_size,
-            learning_rate=args.learning_rate, k_estimator=args.k_estimator, k_candidates=args.k_candidates,
+            data=args.data,
+            out=args.out,
+            method=args.method,
+            k=args.k,
+            reward_model=args.reward_model,
+            epochs=args.epochs,
+            reward_epochs=args.reward_epochs,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            k_estimator=args.k_estimator,
+            k_candidates=args.k_candidates,
             n_items=args.n_items,
-            position_weight=byo_logs.parse_position_weight(args.position_weight), seed=args.seed, progress=not args.quiet,
+            position_weight=byo_logs.parse_position_weight(args.position_weight),
+            seed=args.seed,
+            progress=not args.quiet,
         )
         return summary, byo_logs.format_fit(summary)
     if args.command == "evaluate":
         estimators = None if args.estimators is None else [e.strip() for e in args.estimators.split(",") if e.strip()]
         summary = byo_logs.run_evaluate(
-            policy=args.policy, data=args.data, estimators=estimators, reward_model=args.reward_model, ci=args.ci,
-            level=args.level, n_samples=args.n_samples, seed=args.seed, n_items=args.n_items,
+            policy=args.policy,
+            data=args.data,
+            estimators=estimators,
+            reward_model=args.reward_model,
+            ci=args.ci,
+            level=args.level,
+            n_samples=args.n_samples,
+            seed=args.seed,
+            n_items=args.n_items,
             position_weight=byo_logs.parse_position_weight(args.position_weight),
         )
         return summary, byo_logs.format_evaluation(summary)
-    summary = byo_logs.run_rank(policy=args.policy, contexts=args.contexts, out=args.out, sample=args.sample, seed=args.seed)
+    summary = byo_logs.run_rank(
+        policy=args.policy, contexts=args.contexts, out=args.out, sample=args.sample, seed=args.seed
+    )
     width = max(len(name) for name in summary)
     return summary, "\n".join(f"{name:<{width}}  {value}" for name, value in summary.items())
 
@@ -271,9 +379,13 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
     if args.out:
         folder = os.path.dirname(os.path.abspath(args.out))
         if os.path.isdir(args.out):
-            raise ValueError(f"--out {args.out} is a folder; give a file name, e.g. {os.path.join(args.out, 'logged.npz')}")
+            raise ValueError(
+                f"--out {args.out} is a folder; give a file name, e.g. {os.path.join(args.out, 'logged.npz')}"
+            )
         if not os.path.isdir(folder):
-            raise ValueError(f"--out {args.out}: folder {os.path.dirname(args.out) or folder} does not exist (create it first)")
+            raise ValueError(
+                f"--out {args.out}: folder {os.path.dirname(args.out) or folder} does not exist (create it first)"
+            )
 
 
 def _simulate(args: argparse.Namespace) -> dict[str, Any]:
@@ -319,7 +431,9 @@ def _simulate(args: argparse.Namespace) -> dict[str, Any]:
         return _simulation_summary(args, step, data, value, {"simulator": "synthetic"})
 
 
-def _simulation_summary(args: argparse.Namespace, step: Any, data: Any, value: Any, head: dict[str, Any]) -> dict[str, Any]:
+def _simulation_summary(
+    args: argparse.Namespace, step: Any, data: Any, value: Any, head: dict[str, Any]
+) -> dict[str, Any]:
     """The summary ``simulate`` prints (and the saved file, with ``--out``)."""
     summary = {**head, "lambda": args.lam, "tau": args.tau, "seed": args.seed}
     summary.update(data.summary())
@@ -355,33 +469,54 @@ def _simulate_registered(args: argparse.Namespace) -> dict[str, Any]:
     config_values = {k: v for k, v in values.items() if k not in spec.options}
     unknown = sorted(set(config_values) - fields)
     if unknown:
-        raise ValueError(f"--set {', '.join(unknown)}: neither an option of simulator {args.simulator!r} "
-                         f"({', '.join(sorted(spec.options)) or 'none'}) nor a sweep config key")
+        raise ValueError(
+            f"--set {', '.join(unknown)}: neither an option of simulator {args.simulator!r} "
+            f"({', '.join(sorted(spec.options)) or 'none'}) nor a sweep config key"
+        )
     if args.context_dim != 5:
         raise ValueError("--context-dim is the synthetic simulator's; another simulator's contexts are its own")
     logging_policy = args.logging_policy or (spec.logging_policies[0] if spec.logging_policies else None)
     if logging_policy is None:
-        raise ValueError(f"--logging-policy: simulator {args.simulator!r} names no built-in logging policy; give module:function")
-    config_values.update(simulator=args.simulator, plugins=list(args.plugin), logging_policy=logging_policy,
-                         n_items=[args.n_items], ranking_length=[args.length], tau=[args.tau], lam=[args.lam],
-                         sigma=args.sigma)
+        raise ValueError(
+            f"--logging-policy: simulator {args.simulator!r} names no built-in logging policy; give module:function"
+        )
+    config_values.update(
+        simulator=args.simulator,
+        plugins=list(args.plugin),
+        logging_policy=logging_policy,
+        n_items=[args.n_items],
+        ranking_length=[args.length],
+        tau=[args.tau],
+        lam=[args.lam],
+        sigma=args.sigma,
+    )
     config = build_dataclass(OPLSweep, as_lists(config_values, OPLSweep), source="--set")
     if logging_policy not in spec.logging_policies:
-        logging_policy = CallableLogging(load_callable(logging_policy, what="--logging-policy"), args.n_items,
-                                         temperature=args.tau)
+        logging_policy = CallableLogging(
+            load_callable(logging_policy, what="--logging-policy"), args.n_items, temperature=args.tau
+        )
     key_env, key_data, key_value = opl_rank.prng.split_seed(args.seed, 3)
     with bar(3 + bool(args.out), desc="simulate", unit="step", enabled=not args.quiet) as progress:
         step = Steps(progress)
         step("environment")
-        env = environments.create(args.simulator, key_env, n_items=args.n_items, ranking_length=args.length,
-                                  lam=args.lam, tau=args.tau, logging_policy=logging_policy, config=config,
-                                  options=options)
+        env = environments.create(
+            args.simulator,
+            key_env,
+            n_items=args.n_items,
+            ranking_length=args.length,
+            lam=args.lam,
+            tau=args.tau,
+            logging_policy=logging_policy,
+            config=config,
+            options=options,
+        )
         step(f"logging {args.n} rounds")
         data = env.sample_logged_data(key_data, args.n, position_marginals=args.position_marginals)
         step(f"logging policy value ({args.value_contexts} contexts)")
         value = env.logging_policy_value(key_value, args.value_contexts)
-        return _simulation_summary(args, step, data, value, {
-            "simulator": args.simulator, **{f"option {k}": v for k, v in options.items()}})
+        return _simulation_summary(
+            args, step, data, value, {"simulator": args.simulator, **{f"option {k}": v for k, v in options.items()}}
+        )
 
 
 def _echo(args: argparse.Namespace) -> Any:
@@ -405,10 +540,15 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
 
     sweep = load_sweep(args.config, parse_overrides(args.set))
     return run_sweep(
-        sweep, echo=_echo(args),
-        backend=args.backend, workers=args.workers, compilation_cache=args.compilation_cache or None,
+        sweep,
+        echo=_echo(args),
+        backend=args.backend,
+        workers=args.workers,
+        compilation_cache=args.compilation_cache or None,
         ray_address=args.ray_address,
-        new_config=args.new_config, progress=not args.quiet, recompute_stale=args.recompute_stale,
+        new_config=args.new_config,
+        progress=not args.quiet,
+        recompute_stale=args.recompute_stale,
     )
 
 

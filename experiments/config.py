@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -121,7 +122,7 @@ def resolve_path(path: str, config_path: str | None) -> str:
     if path.startswith(DATASET_PREFIX):
         from simulators import datasets
 
-        name = path[len(DATASET_PREFIX):].strip()
+        name = path[len(DATASET_PREFIX) :].strip()
         try:
             return datasets.path(name)
         except FileNotFoundError as err:

@@ -26,7 +26,8 @@ import multiprocessing
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["BACKENDS", "run_jobs", "exit_with_parent"]
 
@@ -137,7 +138,9 @@ def _run_on_ray(fn, jobs, on_result, workers, cache_dir, address) -> None:
         raise RuntimeError("backend 'ray' needs Ray: pip install 'opl_rank[ray]'") from err
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
-    runtime_env = {"env_vars": {"PYTHONPATH": path, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {_SINGLE_THREAD_XLA}".strip()}}
+    runtime_env = {
+        "env_vars": {"PYTHONPATH": path, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {_SINGLE_THREAD_XLA}".strip()}
+    }
     started = not ray.is_initialized()
     if started:
         import logging
@@ -155,8 +158,12 @@ def _run_on_ray(fn, jobs, on_result, workers, cache_dir, address) -> None:
                 enabled_note = _DropPrefix("Token authentication is enabled for this Ray cluster")
                 auth.addFilter(enabled_note)
                 try:
-                    ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, runtime_env=runtime_env,
-                             logging_level=logging.WARNING)
+                    ray.init(
+                        num_cpus=workers or os.cpu_count() or 1,
+                        include_dashboard=False,
+                        runtime_env=runtime_env,
+                        logging_level=logging.WARNING,
+                    )
                 finally:
                     auth.removeFilter(enabled_note)
     try:

@@ -18,7 +18,8 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = ["folder_lock", "LOCK_NAME", "describe_holder"]
 
@@ -65,7 +66,9 @@ def describe_holder(holder: dict[str, Any]) -> str:
 
 def _me() -> dict[str, Any]:
     return {
-        "pid": os.getpid(), "host": socket.gethostname(), "proc_start": _process_start(os.getpid()),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "proc_start": _process_start(os.getpid()),
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join(sys.argv)[:500],
     }
@@ -89,8 +92,10 @@ def _read_fd(fd: int) -> str:
 
 def _held_error(folder: str, path: str, holder: dict[str, Any] | None) -> ValueError:
     who = describe_holder(holder) if holder else "another process (its lock file is being written)"
-    return ValueError(f"output folder {folder} is in use by {who}: one run per folder. Wait for it to finish, "
-                      f"or use another output_dir (if that process is gone, delete {path})")
+    return ValueError(
+        f"output folder {folder} is in use by {who}: one run per folder. Wait for it to finish, "
+        f"or use another output_dir (if that process is gone, delete {path})"
+    )
 
 
 @contextlib.contextmanager
@@ -121,7 +126,12 @@ def folder_lock(folder: str, *, echo: Callable[[str], None] = print) -> Iterator
         previous = _read_fd(fd)
         if previous.strip():
             holder = _parse(previous)
-            if holder is not None and holder.get("host") == me["host"] and _alive(holder) and holder.get("pid") != me["pid"]:
+            if (
+                holder is not None
+                and holder.get("host") == me["host"]
+                and _alive(holder)
+                and holder.get("pid") != me["pid"]
+            ):
                 # the kernel says nobody holds it, yet its process runs: a file system without flock
                 raise _held_error(folder, path, holder)
             what = describe_holder(holder) if holder else "an unreadable holder"

@@ -9,7 +9,8 @@ run one cell twice and count it twice in every mean.
 from __future__ import annotations
 
 import typing
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -53,4 +54,6 @@ def check_unique(config: Any, names: Iterable[str]) -> None:
                 repeated.append(v)
             seen.add(v)
         if repeated:
-            raise ValueError(f"{name} has duplicate values {repeated} (in {list(values)}): each grid value must appear once")
+            raise ValueError(
+                f"{name} has duplicate values {repeated} (in {list(values)}): each grid value must appear once"
+            )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import yaml
 
@@ -48,7 +49,9 @@ def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperimen
     return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))
 
 
-def run_ltr(experiment: LTRExperiment, *, echo: Callable[[str], None] = print, progress: bool = False) -> dict[str, Any]:
+def run_ltr(
+    experiment: LTRExperiment, *, echo: Callable[[str], None] = print, progress: bool = False
+) -> dict[str, Any]:
     """Load, split, train, and (with ``output_dir``) write ``history.csv``, ``config.yaml``
     and ``summary.json`` atomically. ``progress``: a bar over the epochs on stderr."""
     with bar(experiment.training.epochs, desc="ltr", unit="epoch", enabled=progress) as epochs_bar:
@@ -63,7 +66,9 @@ def _run_ltr(experiment: LTRExperiment, echo: Callable[[str], None], epochs_bar:
 
     epochs_bar.set_postfix_str(f"loading {os.path.basename(experiment.data)}")
     data = load_letor(experiment.data, normalize=experiment.normalize, max_docs=experiment.max_docs)
-    train, valid = split_queries(data, (1.0 - experiment.valid_fraction, experiment.valid_fraction), seed=experiment.seed)
+    train, valid = split_queries(
+        data, (1.0 - experiment.valid_fraction, experiment.valid_fraction), seed=experiment.seed
+    )
     cfg = experiment.training
     echo(
         f"ltr: {os.path.basename(experiment.data)}: {train.features.shape[0]} train / {valid.features.shape[0]} valid "

@@ -22,13 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from experiments.resume import BadCell, RunFolder, StaleCell, open_run_folder, opl_rank_version, read_cell, write_cell
 from experiments.sweep_cell import check_rows, group_steps, run_group
 from experiments.sweep_config import (
-    CELL_KEYS, NOT_HASHED, SELECTION_METHODS, OPLSweep, cell_config, cell_name, cells, group_key, load_sweep,
-    method_rows, resolved_config,
+    CELL_KEYS,
+    NOT_HASHED,
+    SELECTION_METHODS,
+    OPLSweep,
+    cell_config,
+    cell_name,
+    cells,
+    group_key,
+    load_sweep,
+    method_rows,
+    resolved_config,
 )
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
@@ -36,8 +46,9 @@ from experiments.user_code import import_plugins
 __all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "import_plugins", "run_group"]
 
 
-def _run_cells(sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder,
-               progress: bool = False) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
+def _run_cells(
+    sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder, progress: bool = False
+) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
     """A job: run cells and write each atomically when done; cells that differ only in their
     seed run as one vmapped group (``sweep.vmap_seeds``), the others one by one. ``progress``:
     a bar over each group's steps (ground truth, data, every fit) on stderr."""
@@ -74,10 +85,12 @@ def _check_memory(sweep: OPLSweep) -> None:
     together = len(sweep.seeds) if sweep.vmap_seeds else 1
     n, n_items, n_slots = max(sweep.n), max(sweep.n_items), max(sweep.ranking_length)
     per_cell = memory.logged_data_bytes(n, n_items, n_slots, 5, position_marginals=marginals)
-    memory.require(memory.ASSEMBLY_COPIES * together * per_cell,
-                   f"the sweep's largest cell (n={n:,}, D={n_items}, L={n_slots}"
-                   f"{f', {together} seeds at once' if together > 1 else ''})",
-                   "use a smaller n" + (" or vmap_seeds: false" if together > 1 else ""))
+    memory.require(
+        memory.ASSEMBLY_COPIES * together * per_cell,
+        f"the sweep's largest cell (n={n:,}, D={n_items}, L={n_slots}"
+        f"{f', {together} seeds at once' if together > 1 else ''})",
+        "use a smaller n" + (" or vmap_seeds: false" if together > 1 else ""),
+    )
 
 
 def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) -> str:
@@ -89,9 +102,16 @@ def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) 
     )
 
 
-def _read(sweep: OPLSweep, folder: RunFolder, cell: dict[str, Any], *, any_version: bool = False) -> list[dict[str, Any]]:
-    return read_cell(folder.cell_path(cell_name(cell)), config_hash=folder.config_hash, cell=cell,
-                     check_rows=lambda rows: check_rows(sweep, cell, rows), any_version=any_version)
+def _read(
+    sweep: OPLSweep, folder: RunFolder, cell: dict[str, Any], *, any_version: bool = False
+) -> list[dict[str, Any]]:
+    return read_cell(
+        folder.cell_path(cell_name(cell)),
+        config_hash=folder.config_hash,
+        cell=cell,
+        check_rows=lambda rows: check_rows(sweep, cell, rows),
+        any_version=any_version,
+    )
 
 
 def run_sweep(
@@ -133,8 +153,9 @@ def run_sweep(
     if sweep.vmap_seeds == "auto":
         sweep = dataclasses.replace(sweep, vmap_seeds=jax.default_backend() != "cpu")
     _check_memory(sweep)
-    with open_run_folder(sweep.output_dir, resolved_config(sweep), new_config=new_config, echo=echo,
-                         exclude=NOT_HASHED, grid=CELL_KEYS) as folder:
+    with open_run_folder(
+        sweep.output_dir, resolved_config(sweep), new_config=new_config, echo=echo, exclude=NOT_HASHED, grid=CELL_KEYS
+    ) as folder:
         sweep = dataclasses.replace(sweep, output_dir=folder.path)
         every = cells(sweep)
         todo, stale = [], []
@@ -155,7 +176,8 @@ def run_sweep(
                     f"{folder.path}: {len(stale)} of {len(every)} cell file(s) were written by opl_rank "
                     f"{', '.join(versions)}, not by this {opl_rank_version()} (e.g. {stale[0].path}); their rows may "
                     "differ from what this version computes. Rerun with --recompute-stale to recompute them, "
-                    "or use another output_dir")
+                    "or use another output_dir"
+                )
             echo(f"--recompute-stale: recomputing {len(stale)} cell(s) written by opl_rank {', '.join(versions)}")
         # One job per (D, L, tau, lambda, n): its seeds run vmapped together (with vmap_seeds;
         # else one job per cell). Each process caches the environments' ground truth it computed.
@@ -167,16 +189,24 @@ def run_sweep(
         echo(f"sweep: {len(every)} cell(s), {finished} done already, {len(todo)} to run ({backend}) in {folder.path}")
 
         with bar(len(todo), desc="cells", unit="cell", enabled=progress and bool(todo)) as cells_bar:
+
             def report(job, results):
                 nonlocal finished
                 for cell, rows, seconds in results:
                     finished += 1
                     cells_bar.update(1)
-                    echo(f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)")
+                    echo(
+                        f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)"
+                    )
 
             run_jobs(
-                _run_cells, [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()], report,
-                backend=backend, workers=workers, compilation_cache=compilation_cache, ray_address=ray_address,
+                _run_cells,
+                [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()],
+                report,
+                backend=backend,
+                workers=workers,
+                compilation_cache=compilation_cache,
+                ray_address=ray_address,
             )
         rows: list[dict[str, Any]] = []
         for cell in every:  # read back in grid order: the table does not depend on the backend
@@ -187,9 +217,16 @@ def run_sweep(
         tables = write_tables(folder.path, rows, int_columns=("k", "k_selected"), echo=echo)
         plots = _plots(rows, folder.file("plots"), echo)
     return {
-        "cells": len(every), "resumed": len(every) - len(todo), "rows": len(rows), "backend": backend,
-        "seconds": time.perf_counter() - start, "results": tables["results"], "parquet": tables["parquet"] is not None,
-        "plots": len(plots), "output_dir": folder.path, "config_hash": folder.config_hash[:8],
+        "cells": len(every),
+        "resumed": len(every) - len(todo),
+        "rows": len(rows),
+        "backend": backend,
+        "seconds": time.perf_counter() - start,
+        "results": tables["results"],
+        "parquet": tables["parquet"] is not None,
+        "plots": len(plots),
+        "output_dir": folder.path,
+        "config_hash": folder.config_hash[:8],
     }
 
 

@@ -28,7 +28,8 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,11 @@ class PairwiseExperiment:
     def __post_init__(self) -> None:
         from simulators.clicks import BROWSING_MODELS
 
-        if not 0.0 < self.test_fraction < 1.0 or not 0.0 < self.ranker_fraction <= 1.0 or not 0.0 <= self.valid_fraction < 1.0:
+        if (
+            not 0.0 < self.test_fraction < 1.0
+            or not 0.0 < self.ranker_fraction <= 1.0
+            or not 0.0 <= self.valid_fraction < 1.0
+        ):
             raise ValueError("test_fraction must be in (0, 1), valid_fraction in [0, 1) and ranker_fraction in (0, 1]")
         unknown = sorted(set(self.browsing) - set(BROWSING_MODELS))
         if unknown or not self.browsing:
@@ -100,8 +105,12 @@ def resolved_config(experiment: PairwiseExperiment) -> dict[str, Any]:
 
 def cells(experiment: PairwiseExperiment) -> list[dict[str, Any]]:
     """Every (seed, browsing, truncation), in a stable order."""
-    return [dict(seed=s, browsing=b, truncation=t)
-            for s in experiment.seeds for b in experiment.browsing for t in experiment.truncation]
+    return [
+        dict(seed=s, browsing=b, truncation=t)
+        for s in experiment.seeds
+        for b in experiment.browsing
+        for t in experiment.truncation
+    ]
 
 
 def cell_name(cell: dict[str, Any]) -> str:
@@ -116,7 +125,11 @@ def check_rows(experiment: PairwiseExperiment, cell: dict[str, Any], rows: Any) 
     if len(rows) != len(expected):
         return f"{len(rows)} rows, expected {len(expected)}"
     for i, (row, variant) in enumerate(zip(rows, expected)):
-        missing = [c for c in ("browsing", "truncation", "seed", "n_lists", "variant", *METRICS, "train_seconds") if c not in row]
+        missing = [
+            c
+            for c in ("browsing", "truncation", "seed", "n_lists", "variant", *METRICS, "train_seconds")
+            if c not in row
+        ]
         if missing:
             return f"row {i} lacks column(s) {missing}"
         if row["variant"] != variant:
@@ -140,8 +153,9 @@ def evaluate_ranker(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) ->
     return out
 
 
-def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncation: int, data,
-              progress: Any = None) -> list[dict[str, Any]]:
+def _run_cell(
+    experiment: PairwiseExperiment, seed: int, browsing: str, truncation: int, data, progress: Any = None
+) -> list[dict[str, Any]]:
     """One (seed, browsing, truncation); ``progress``: a bar with ``1 + len(variants)`` steps."""
     import jax
 
@@ -157,19 +171,38 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
     train, test = split_queries(data, (1.0 - experiment.test_fraction, experiment.test_fraction), seed=seed)
     ranker_scores = forest_relevance_scores(seed, train, train.features, experiment.ranker_fraction)
     k_clicks, k_train = prng.split_seed(seed, 2)
-    k_clicks = jax.random.fold_in(jax.random.fold_in(k_clicks, truncation), ["independent", "continuous"].index(browsing))
+    k_clicks = jax.random.fold_in(
+        jax.random.fold_in(k_clicks, truncation), ["independent", "continuous"].index(browsing)
+    )
     logs = simulate_click_logs(
-        k_clicks, train.labels, train.mask, ranker_scores, ClickModel(browsing, truncation, experiment.eta), repeats=experiment.repeats,
+        k_clicks,
+        train.labels,
+        train.mask,
+        ranker_scores,
+        ClickModel(browsing, truncation, experiment.eta),
+        repeats=experiment.repeats,
     )
     features = train.features[logs.query[:, None], logs.docs]  # [N, K, F]
     # early stopping on held-out training queries' logs (the same, debiased, loss: no labels needed)
     queries = np.unique(logs.query)
     held = np.random.default_rng(seed).permutation(queries)[: int(round(experiment.valid_fraction * len(queries)))]
     is_valid = np.isin(logs.query, held)
-    base = {"browsing": browsing, "truncation": truncation, "seed": seed, "n_lists": int(len(logs.query)),
-            "clicks_per_list": float(logs.clicks.sum(1).mean())}
+    base = {
+        "browsing": browsing,
+        "truncation": truncation,
+        "seed": seed,
+        "n_lists": int(len(logs.query)),
+        "clicks_per_list": float(logs.clicks.sum(1).mean()),
+    }
     test_forest = forest_relevance_scores(seed, train, test.features, experiment.ranker_fraction)
-    rows = [{**base, "variant": "logging_ranker", **evaluate_ranker(test_forest, test.labels, test.mask), "train_seconds": 0.0}]
+    rows = [
+        {
+            **base,
+            "variant": "logging_ranker",
+            **evaluate_ranker(test_forest, test.labels, test.mask),
+            "train_seconds": 0.0,
+        }
+    ]
     # the [N, K, F] feature gathers are shared by every variant: slice them once
     fit_features, valid_features = features[~is_valid], features[is_valid]
     fit_mask, valid_mask = logs.mask[~is_valid], logs.mask[is_valid]
@@ -182,21 +215,39 @@ def _run_cell(experiment: PairwiseExperiment, seed: int, browsing: str, truncati
             progress.set_postfix_str(f"{variant} epoch {epoch}/{experiment.training.epochs}", refresh=False)
 
         ranker = train_pairwise_ranker(
-            fit_features, targets[~is_valid], fit_mask, logs.examination, logs.joint_examination, k_train,
-            correction=VARIANTS[variant], config=experiment.training,
+            fit_features,
+            targets[~is_valid],
+            fit_mask,
+            logs.examination,
+            logs.joint_examination,
+            k_train,
+            correction=VARIANTS[variant],
+            config=experiment.training,
             valid=(valid_features, targets[is_valid], valid_mask) if is_valid.any() else None,
             on_epoch=on_epoch if progress is not None else None,
         )
         scores = np.asarray(ranker.scores(test.features))
-        rows.append({**base, "variant": variant, **evaluate_ranker(scores, test.labels, test.mask),
-                     "epochs": len(ranker.history), "train_seconds": time.perf_counter() - start})
+        rows.append(
+            {
+                **base,
+                "variant": variant,
+                **evaluate_ranker(scores, test.labels, test.mask),
+                "epochs": len(ranker.history),
+                "train_seconds": time.perf_counter() - start,
+            }
+        )
     if progress is not None:
         step.done()
     return rows
 
 
-def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] = print,
-                 new_config: bool = False, progress: bool = False) -> dict[str, Any]:
+def run_pairwise(
+    experiment: PairwiseExperiment,
+    *,
+    echo: Callable[[str], None] = print,
+    new_config: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Run (or resume) every (seed, browsing, truncation); write cells, results.csv
     (and results.parquet), report.md and config.yaml.
 
@@ -210,14 +261,20 @@ def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] 
     from experiments.progress import bar
     from simulators.letor import load_letor
 
-    with open_run_folder(experiment.output_dir, resolved_config(experiment), new_config=new_config, echo=echo) as folder, \
-            bar(len(cells(experiment)), desc="cells", unit="cell", enabled=progress) as cells_bar:
+    with (
+        open_run_folder(experiment.output_dir, resolved_config(experiment), new_config=new_config, echo=echo) as folder,
+        bar(len(cells(experiment)), desc="cells", unit="cell", enabled=progress) as cells_bar,
+    ):
         experiment = dataclasses.replace(experiment, output_dir=folder.path)
         every = cells(experiment)
 
         def read(cell):
-            return read_cell(folder.cell_path(cell_name(cell)), config_hash=folder.config_hash, cell=cell,
-                             check_rows=lambda rows: check_rows(experiment, cell, rows))
+            return read_cell(
+                folder.cell_path(cell_name(cell)),
+                config_hash=folder.config_hash,
+                cell=cell,
+                check_rows=lambda rows: check_rows(experiment, cell, rows),
+            )
 
         data = None
         start = time.perf_counter()
@@ -237,19 +294,34 @@ def run_pairwise(experiment: PairwiseExperiment, *, echo: Callable[[str], None] 
                 data = load_letor(experiment.data, n_features=experiment.n_features, normalize=experiment.normalize)
                 cells_bar.set_postfix_str("")
             with bar(1 + len(experiment.variants), desc=cell_name(cell), unit="step", enabled=progress) as cell_bar:
-                done = _run_cell(experiment, cell["seed"], cell["browsing"], cell["truncation"], data,
-                                 progress=cell_bar if progress else None)
+                done = _run_cell(
+                    experiment,
+                    cell["seed"],
+                    cell["browsing"],
+                    cell["truncation"],
+                    data,
+                    progress=cell_bar if progress else None,
+                )
             cells_bar.update(1)
             write_cell(folder.cell_path(cell_name(cell)), cell=cell, rows=done, config_hash=folder.config_hash)
             best = max((r for r in done if r["variant"] != "logging_ranker"), key=lambda r: r["ndcg@10"])
-            echo(f"[{i}/{len(every)}] seed {cell['seed']} {cell['browsing']} K={cell['truncation']}: best {best['variant']} "
-                 f"ndcg@10 {best['ndcg@10']:.4f}  (elapsed {time.perf_counter() - start:.0f}s)")
+            echo(
+                f"[{i}/{len(every)}] seed {cell['seed']} {cell['browsing']} K={cell['truncation']}: best {best['variant']} "
+                f"ndcg@10 {best['ndcg@10']:.4f}  (elapsed {time.perf_counter() - start:.0f}s)"
+            )
             rows.extend(read(cell))
         tables = write_tables(folder.path, rows, int_columns=("epochs",), echo=echo)
         atomic_write_text(folder.file("report.md"), pairwise_report(rows))
-    return {"cells": len(every), "resumed": resumed, "rows": len(rows), "seconds": time.perf_counter() - start,
-            "results": tables["results"], "report": folder.file("report.md"), "output_dir": folder.path,
-            "config_hash": folder.config_hash[:8]}
+    return {
+        "cells": len(every),
+        "resumed": resumed,
+        "rows": len(rows),
+        "seconds": time.perf_counter() - start,
+        "results": tables["results"],
+        "report": folder.file("report.md"),
+        "output_dir": folder.path,
+        "config_hash": folder.config_hash[:8],
+    }
 
 
 def pairwise_report(rows: list[dict[str, Any]]) -> str:
@@ -260,8 +332,12 @@ def pairwise_report(rows: list[dict[str, Any]]) -> str:
     order = ["logging_ranker", *VARIANTS]
     for browsing, truncation in groups:
         sub = [r for r in rows if r["browsing"] == browsing and int(r["truncation"]) == truncation]
-        lines += [f"## {browsing} browsing, lists cut at {truncation}", "",
-                  "| variant | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
+        lines += [
+            f"## {browsing} browsing, lists cut at {truncation}",
+            "",
+            "| variant | " + " | ".join(METRICS) + " |",
+            "|---|" + "---|" * len(METRICS),
+        ]
         means = {}
         for variant in [v for v in order if any(r["variant"] == v for r in sub)]:
             cells = []
@@ -277,6 +353,9 @@ def pairwise_report(rows: list[dict[str, Any]]) -> str:
             if gap > 0.01:
                 lines += ["", f"Debiasing closes {gain / gap:.0%} of the biased-to-relevance NDCG@10 gap ({gap:+.4f})."]
             else:
-                lines += ["", f"No gap to close: relevance minus biased NDCG@10 is {gap:+.4f} (debiased minus biased {gain:+.4f})."]
+                lines += [
+                    "",
+                    f"No gap to close: relevance minus biased NDCG@10 is {gap:+.4f} (debiased minus biased {gain:+.4f}).",
+                ]
         lines.append("")
     return "\n".join(lines)

@@ -58,8 +58,9 @@ _MARKERS = "osD^vPX*"
 
 def _style(labels) -> dict[str, dict[str, Any]]:
     """The same colour and marker for a label in every panel of a figure."""
-    return {label: {"color": f"C{i % 10}", "marker": _MARKERS[(i // 10) % len(_MARKERS)]}
-            for i, label in enumerate(labels)}
+    return {
+        label: {"color": f"C{i % 10}", "marker": _MARKERS[(i // 10) % len(_MARKERS)]} for i, label in enumerate(labels)
+    }
 
 
 def _legend(fig, axes) -> None:
@@ -69,8 +70,14 @@ def _legend(fig, axes) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
     if entries:
-        fig.legend(list(entries.values()), list(entries), loc="center left", bbox_to_anchor=(1.0, 0.5),
-                   fontsize=8, frameon=False)
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            fontsize=8,
+            frameon=False,
+        )
 
 
 def _save(fig, path: str) -> str:
@@ -90,33 +97,56 @@ def _vs_k_series(rows, value: str, varying: tuple[str, ...]) -> list[dict[str, A
     table = gain_table([r for r in rows if r["method"] == "rpod"], value=value)
     k_of = lambda label: int(label.split("k=")[1].split(")")[0])
     # a panel per (D, f_hat, the other axes); a line per (L, lambda, n) inside it
-    panels = sorted({(key[0], key[4].split("/")[-1], key[5]) for key in table},
-                    key=lambda p: (_order(p[0]), p[1], tuple(_order(v) for _, v in p[2])))
+    panels = sorted(
+        {(key[0], key[4].split("/")[-1], key[5]) for key in table},
+        key=lambda p: (_order(p[0]), p[1], tuple(_order(v) for _, v in p[2])),
+    )
     ylabel = "normalised gain" if value == "normalized_gain" else "V"
     out = []
     for d, model, axes in panels:
         inside = {key: v for key, v in table.items() if key[0] == d and key[5] == axes}
         lines = []
         for l, lam, n in sorted({key[1:4] for key in inside}):
-            pts = sorted((k_of(key[4]), v) for key, v in inside.items()
-                         if key[1:4] == (l, lam, n) and key[4].endswith("/" + model))
+            pts = sorted(
+                (k_of(key[4]), v)
+                for key, v in inside.items()
+                if key[1:4] == (l, lam, n) and key[4].endswith("/" + model)
+            )
             if pts:
-                lines.append({"label": f"L={l}, λ={lam:g}, n={n}", "x": [p[0] for p in pts],
-                              "mean": [p[1]["mean"] for p in pts], "se": [p[1]["se"] for p in pts],
-                              "seeds": [p[1]["seeds"] for p in pts], "grid": (l, lam, n)})
-        out.append({"title": f"R-POD, D={d}, f_hat {model}{_extras(axes, varying)}", "xlabel": "k", "ylabel": ylabel,
-                    "xticks": sorted({k_of(key[4]) for key in inside}), "lines": lines})
+                lines.append(
+                    {
+                        "label": f"L={l}, λ={lam:g}, n={n}",
+                        "x": [p[0] for p in pts],
+                        "mean": [p[1]["mean"] for p in pts],
+                        "se": [p[1]["se"] for p in pts],
+                        "seeds": [p[1]["seeds"] for p in pts],
+                        "grid": (l, lam, n),
+                    }
+                )
+        out.append(
+            {
+                "title": f"R-POD, D={d}, f_hat {model}{_extras(axes, varying)}",
+                "xlabel": "k",
+                "ylabel": ylabel,
+                "xticks": sorted({k_of(key[4]) for key in inside}),
+                "lines": lines,
+            }
+        )
     return out
 
 
-def _method_series(rows, x_name: str, panel_name: str, varying: tuple[str, ...], l_varies: bool) -> list[dict[str, Any]]:
+def _method_series(
+    rows, x_name: str, panel_name: str, varying: tuple[str, ...], l_varies: bool
+) -> list[dict[str, Any]]:
     keep = [r for r in rows if r["method"] != "rpod" and r["method"] != "rpod-oracle"]
     table = gain_table(keep)
     index = {"lambda": 2, "n": 3}
     # a panel per (D, L, lambda or n, the other axes); a line per method, x the other of lambda and n
     panel_of = lambda key: (key[0], key[1], key[index[panel_name]], key[5])
-    panels = sorted({panel_of(key) for key in table},
-                    key=lambda p: (_order(p[0]), _order(p[1]), _order(p[2]), tuple(_order(v) for _, v in p[3])))
+    panels = sorted(
+        {panel_of(key) for key in table},
+        key=lambda p: (_order(p[0]), _order(p[1]), _order(p[2]), tuple(_order(v) for _, v in p[3])),
+    )
     labels = sorted({key[4] for key in table})
     out = []
     for panel in panels:
@@ -126,8 +156,15 @@ def _method_series(rows, x_name: str, panel_name: str, varying: tuple[str, ...],
         for label in labels:
             pts = sorted((key[index[x_name]], v) for key, v in inside.items() if key[4] == label)
             if pts:
-                lines.append({"label": label, "x": [p[0] for p in pts], "mean": [p[1]["mean"] for p in pts],
-                              "se": [p[1]["se"] for p in pts], "seeds": [p[1]["seeds"] for p in pts]})
+                lines.append(
+                    {
+                        "label": label,
+                        "x": [p[0] for p in pts],
+                        "mean": [p[1]["mean"] for p in pts],
+                        "se": [p[1]["se"] for p in pts],
+                        "seeds": [p[1]["seeds"] for p in pts],
+                    }
+                )
         title = f"D={d:g}" + (f", L={l}" if l_varies else "") + f", {panel_name}={at:g}{_extras(axes, varying)}"
         out.append({"title": title, "xlabel": x_name, "ylabel": "normalised gain", "lines": lines})
     return out
@@ -166,7 +203,9 @@ def _draw_vs_k(panels: list[dict[str, Any]], out: str, show: bool) -> str:
     style = _style(sorted(grid, key=grid.get))  # by (L, lambda, n), as the lines are drawn
     for ax, panel in zip(axes, panels):
         for line in panel["lines"]:
-            ax.errorbar(line["x"], line["mean"], yerr=line["se"], capsize=2, label=line["label"], **style[line["label"]])
+            ax.errorbar(
+                line["x"], line["mean"], yerr=line["se"], capsize=2, label=line["label"], **style[line["label"]]
+            )
         ax.set_xticks(panel["xticks"])
         _titles(ax, panel)
     _legend(fig, axes)
@@ -184,8 +223,14 @@ def _draw_method_lines(panels: list[dict[str, Any]], out: str, show: bool) -> st
     for ax, panel in zip(axes, panels):
         for line in panel["lines"]:
             shift = (labels.index(line["label"]) - (len(labels) - 1) / 2) * width
-            ax.errorbar([xs.index(x) + shift for x in line["x"]], line["mean"], yerr=line["se"],
-                        capsize=2, label=line["label"], **style[line["label"]])
+            ax.errorbar(
+                [xs.index(x) + shift for x in line["x"]],
+                line["mean"],
+                yerr=line["se"],
+                capsize=2,
+                label=line["label"],
+                **style[line["label"]],
+            )
         ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs])
         ax.set_xlim(-0.5, len(xs) - 0.5)
         _titles(ax, panel)

@@ -18,7 +18,8 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -85,8 +86,15 @@ class _Bar(tqdm):
         super().close()
 
 
-def bar(total: int | None = None, *, desc: str = "", unit: str = "it", enabled: bool = True,
-        leave: bool = False, stream: TextIO | None = None) -> tqdm:
+def bar(
+    total: int | None = None,
+    *,
+    desc: str = "",
+    unit: str = "it",
+    enabled: bool = True,
+    leave: bool = False,
+    stream: TextIO | None = None,
+) -> tqdm:
     """A progress bar on ``stream`` (default: stderr); a no-op object when not ``enabled``.
 
     Use it as a context manager (``with bar(...) as b: b.update()``); ``b.set_postfix_str``
@@ -101,8 +109,16 @@ def bar(total: int | None = None, *, desc: str = "", unit: str = "it", enabled: 
         return _Bar(file=stream, mininterval=0.2, heartbeat=_TTY_INTERVAL, **common)
     # A log: plain lines, every bar at position 0 (no cursor movement between bars), and no
     # line for a bar that is done before it is first drawn.
-    return _Bar(file=_Lines(stream), mininterval=LOG_INTERVAL, heartbeat=LOG_INTERVAL, position=0, ascii=True,
-                ncols=100, delay=0.5, **common)
+    return _Bar(
+        file=_Lines(stream),
+        mininterval=LOG_INTERVAL,
+        heartbeat=LOG_INTERVAL,
+        position=0,
+        ascii=True,
+        ncols=100,
+        delay=0.5,
+        **common,
+    )
 
 
 class Steps:

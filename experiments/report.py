@@ -22,16 +22,41 @@ import csv
 import math
 import os
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["load_rows", "results_file", "method_label", "setting_columns", "varying_axes", "gain_table", "GainTable",
-           "winners", "k_selection", "markdown_report", "OUTCOME_COLUMNS"]
+__all__ = [
+    "load_rows",
+    "results_file",
+    "method_label",
+    "setting_columns",
+    "varying_axes",
+    "gain_table",
+    "GainTable",
+    "winners",
+    "k_selection",
+    "markdown_report",
+    "OUTCOME_COLUMNS",
+]
 
 
 REQUIRED_COLUMNS = ("method", "k", "reward_model", "lambda", "n", "D", "L", "seed", "V", "normalized_gain")
 # What a row measures or which fit it is; every other column is a setting axis.
-OUTCOME_COLUMNS = ("method", "k", "reward_model", "seed", "V", "V_se", "V0", "V_star", "V_star_method",
-                   "normalized_gain", "fit_seconds", "k_selected", "selector")
+OUTCOME_COLUMNS = (
+    "method",
+    "k",
+    "reward_model",
+    "seed",
+    "V",
+    "V_se",
+    "V0",
+    "V_star",
+    "V_star_method",
+    "normalized_gain",
+    "fit_seconds",
+    "k_selected",
+    "selector",
+)
 # Setting axes every report names (the paper's grid); n is the tables' column axis.
 GRID_AXES = ("D", "L", "lambda", "n")
 # Setting columns load_rows parses itself (strings, or the ints and floats below).
@@ -45,8 +70,10 @@ def results_file(path: str) -> str:
         for name in ("results.csv", "results.parquet"):
             if os.path.isfile(os.path.join(path, name)):
                 return os.path.join(path, name)
-        raise ValueError(f"{path} is a folder without results.csv or results.parquet; pass a sweep's output_dir "
-                         "(after the sweep finished) or its results.csv")
+        raise ValueError(
+            f"{path} is a folder without results.csv or results.parquet; pass a sweep's output_dir "
+            "(after the sweep finished) or its results.csv"
+        )
     if not os.path.exists(path):
         raise ValueError(f"results file {path!r} does not exist")
     return path
@@ -59,7 +86,9 @@ def _read_table(path: str) -> list[dict[str, Any]]:
 
             frame = pd.read_parquet(path)
         except ImportError as err:
-            raise ValueError(f"reading {path} needs pandas and pyarrow ({err}); or pass the results.csv beside it") from None
+            raise ValueError(
+                f"reading {path} needs pandas and pyarrow ({err}); or pass the results.csv beside it"
+            ) from None
         except Exception as err:  # pyarrow's errors for a file that is not Parquet
             raise ValueError(f"{path} is not a readable Parquet file ({type(err).__name__}: {err})") from None
         frame = frame.astype(object).where(frame.notna(), None)
@@ -75,13 +104,20 @@ def _check_columns(path: str, columns: Iterable[str]) -> None:
     columns = set(columns)
     if {"variant", "ndcg@10"} <= columns:
         report = os.path.join(os.path.dirname(os.path.abspath(path)), "report.md")
-        where = f"its report is {report}" if os.path.exists(report) else "opl-rank pairwise writes its report to report.md beside it"
-        raise ValueError(f"{path} is a pairwise results table (opl-rank pairwise), not a sweep's: {where}. "
-                         "opl-rank report reads the results.csv (or results.parquet) of opl-rank sweep")
+        where = (
+            f"its report is {report}"
+            if os.path.exists(report)
+            else "opl-rank pairwise writes its report to report.md beside it"
+        )
+        raise ValueError(
+            f"{path} is a pairwise results table (opl-rank pairwise), not a sweep's: {where}. "
+            "opl-rank report reads the results.csv (or results.parquet) of opl-rank sweep"
+        )
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
-        raise ValueError(f"{path} is not a sweep's results table (opl-rank sweep's results.csv): it lacks "
-                         f"column(s) {missing}")
+        raise ValueError(
+            f"{path} is not a sweep's results table (opl-rank sweep's results.csv): it lacks column(s) {missing}"
+        )
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -148,8 +184,10 @@ def setting_columns(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
                 columns[name] = None
     missing = [c for c in GRID_AXES if c not in columns]
     if missing:
-        raise ValueError(f"rows lack the setting column(s) {missing}: they are not a sweep's results rows "
-                         "(opl-rank sweep's results.csv has simulator, lambda, n, D, L, tau, ...)")
+        raise ValueError(
+            f"rows lack the setting column(s) {missing}: they are not a sweep's results rows "
+            "(opl-rank sweep's results.csv has simulator, lambda, n, D, L, tau, ...)"
+        )
     return tuple(columns)
 
 
@@ -219,9 +257,13 @@ class GainTable(dict):
             if len(matches) == 1:
                 return self[matches[0]]
             if matches:
-                differ = sorted({name for k in matches for name, v in k[5] if any(dict(m[5])[name] != v for m in matches)})
-                raise KeyError(f"{key!r} matches {len(matches)} settings that differ in {differ}: index with the full key "
-                               "(D, L, lambda, n, label, axes), axes as in the table's keys")
+                differ = sorted(
+                    {name for k in matches for name, v in k[5] if any(dict(m[5])[name] != v for m in matches)}
+                )
+                raise KeyError(
+                    f"{key!r} matches {len(matches)} settings that differ in {differ}: index with the full key "
+                    "(D, L, lambda, n, label, axes), axes as in the table's keys"
+                )
         raise KeyError(key)
 
 
@@ -345,9 +387,19 @@ def k_selection(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for (d, l, lam, axes, n, model, selector), items in sorted(groups.items(), key=order):
         regret = _mean_se([x[2] for x in items])
         setting = {"D": d, "L": l, "lambda": lam, **dict(axes), "n": n}
-        out.append({**setting, "reward_model": model, "selector": selector,
-                    "hit": sum(x[0] == x[1] for x in items) / len(items), "regret": regret, "seeds": len(items),
-                    "chosen": [x[0] for x in items], "best": [x[1] for x in items], "setting": setting})
+        out.append(
+            {
+                **setting,
+                "reward_model": model,
+                "selector": selector,
+                "hit": sum(x[0] == x[1] for x in items) / len(items),
+                "regret": regret,
+                "seeds": len(items),
+                "chosen": [x[0] for x in items],
+                "best": [x[1] for x in items],
+                "setting": setting,
+            }
+        )
     return out
 
 
@@ -377,8 +429,11 @@ def markdown_report(rows: list[dict[str, Any]]) -> str:
         ns = sorted({key[3] for key in inside}, key=_order)
         labels = sorted({key[4] for key in inside}, key=_label_order)
         seeds = max(stats["seeds"] for stats in inside.values())
-        lines += [f"### D={d}, L={l}, lambda={lam:g}{_title_axes(axes, varying)} "
-                  f"(normalised gain, mean ± SE over {seeds} seeds)", ""]
+        lines += [
+            f"### D={d}, L={l}, lambda={lam:g}{_title_axes(axes, varying)} "
+            f"(normalised gain, mean ± SE over {seeds} seeds)",
+            "",
+        ]
         lines.append("| method | " + " | ".join(f"n={n}" for n in ns) + " |")
         lines.append("|---|" + "---|" * len(ns))
         for label in labels:
@@ -404,9 +459,13 @@ def markdown_report(rows: list[dict[str, Any]]) -> str:
         )
     selection = k_selection(rows)
     if selection:
-        lines += ["", "### Choosing k: the chosen k against the true best k (per seed)", "",
-                  f"| D | L | lambda |{extra_head} n | f_hat | selector | right k | regret (gain) | chosen k | best k |",
-                  f"|---|---|---|{extra_rule}---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### Choosing k: the chosen k against the true best k (per seed)",
+            "",
+            f"| D | L | lambda |{extra_head} n | f_hat | selector | right k | regret (gain) | chosen k | best k |",
+            f"|---|---|---|{extra_rule}---|---|---|---|---|---|---|",
+        ]
         for s in selection:
             lines.append(
                 f"| {s['D']} | {s['L']} | {s['lambda']:g} |{extra_cells(s)} {s['n']} | {s['reward_model']} | {s['selector']} | "

@@ -20,15 +20,25 @@ import contextlib
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import yaml
 
 from experiments.folder_lock import folder_lock
 from opl_rank.io.atomic import atomic_write_text
 
-__all__ = ["CELL_FORMAT", "BadCell", "StaleCell", "config_hash", "write_cell", "read_cell", "open_run_folder",
-           "RunFolder", "opl_rank_version"]
+__all__ = [
+    "CELL_FORMAT",
+    "BadCell",
+    "StaleCell",
+    "config_hash",
+    "write_cell",
+    "read_cell",
+    "open_run_folder",
+    "RunFolder",
+    "opl_rank_version",
+]
 
 CELL_FORMAT = 2  # 1: a bare JSON list of rows (before config hashes)
 
@@ -78,13 +88,24 @@ def config_hash(config: dict[str, Any], exclude: Sequence[str] = ("output_dir",)
 
 def write_cell(path: str, *, cell: dict[str, Any], rows: list[dict[str, Any]], config_hash: str) -> None:
     """Write a cell file atomically (see the module docstring for its format)."""
-    record = {"format": CELL_FORMAT, "config_hash": config_hash, "opl_rank_version": opl_rank_version(),
-              "cell": cell, "rows": rows}
+    record = {
+        "format": CELL_FORMAT,
+        "config_hash": config_hash,
+        "opl_rank_version": opl_rank_version(),
+        "cell": cell,
+        "rows": rows,
+    }
     atomic_write_text(path, json.dumps(record))
 
 
-def read_cell(path: str, *, config_hash: str, cell: dict[str, Any],
-              check_rows: Callable[[Any], str | None], any_version: bool = False) -> list[dict[str, Any]]:
+def read_cell(
+    path: str,
+    *,
+    config_hash: str,
+    cell: dict[str, Any],
+    check_rows: Callable[[Any], str | None],
+    any_version: bool = False,
+) -> list[dict[str, Any]]:
     """The rows of a cell file, or :class:`BadCell` saying why they cannot be reused
     (:class:`StaleCell` for another opl_rank version's file, unless ``any_version``)."""
     try:
@@ -102,7 +123,9 @@ def read_cell(path: str, *, config_hash: str, cell: dict[str, Any],
     if not isinstance(record, dict) or record.get("format") != CELL_FORMAT:
         raise BadCell(path, f"not a cell file of format {CELL_FORMAT}")
     if record.get("config_hash") != config_hash:
-        raise BadCell(path, f"written by another config (hash {str(record.get('config_hash'))[:8]}, this run's {config_hash[:8]})")
+        raise BadCell(
+            path, f"written by another config (hash {str(record.get('config_hash'))[:8]}, this run's {config_hash[:8]})"
+        )
     if _canonical(record.get("cell")) != _canonical(cell):
         raise BadCell(path, f"holds cell {record.get('cell')}, expected {cell}")
     problem = check_rows(record.get("rows"))
@@ -200,10 +223,14 @@ def open_run_folder(
             stored = _stored_config(folder)
             if stored is not None and _differences(stored, config, exclude):
                 raise ValueError(f"{folder} holds yet another config; use another output_dir")
-            echo(f"--new-config: {output_dir} holds a different config ({', '.join(d.split(':')[0] for d in diff)} "
-                 f"differ); this run writes to {folder}")
+            echo(
+                f"--new-config: {output_dir} holds a different config ({', '.join(d.split(':')[0] for d in diff)} "
+                f"differ); this run writes to {folder}"
+            )
         if stored is not None and grid:
-            changed = [d.split(":")[0] for d in _differences(stored, config, tuple(exclude[: len(exclude) - len(grid)]))]
+            changed = [
+                d.split(":")[0] for d in _differences(stored, config, tuple(exclude[: len(exclude) - len(grid)]))
+            ]
             if changed:
                 echo(f"{folder}: grid changed ({', '.join(changed)}); cells it shares with the previous run are reused")
         os.makedirs(os.path.join(folder, "cells"), exist_ok=True)

@@ -17,18 +17,43 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from experiments.sweep_config import (
-    SELECTION_METHODS, OPLSweep, candidate_ks, cell_config, cell_env_options, method_rows, row_axis_columns,
+    SELECTION_METHODS,
+    OPLSweep,
+    candidate_ks,
+    cell_config,
+    cell_env_options,
+    method_rows,
+    row_axis_columns,
 )
 from experiments.user_code import import_plugins, load_callable
 
 __all__ = ["run_group", "group_steps", "check_rows", "row_columns", "ROW_COLUMNS"]
 
 ROW_COLUMNS = (
-    "simulator", "logging_policy", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
-    "V", "V_se", "V0", "V_star", "V_star_method", "normalized_gain", "fit_seconds", "k_selected", "selector",
+    "simulator",
+    "logging_policy",
+    "method",
+    "k",
+    "reward_model",
+    "lambda",
+    "n",
+    "D",
+    "L",
+    "tau",
+    "seed",
+    "V",
+    "V_se",
+    "V0",
+    "V_star",
+    "V_star_method",
+    "normalized_gain",
+    "fit_seconds",
+    "k_selected",
+    "selector",
 )
 _CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "seed", "n": "n"}  # cell key -> row column
 
@@ -40,8 +65,9 @@ def row_columns(sweep: OPLSweep) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=128)
-def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int,
-                 options: tuple = ()) -> tuple:
+def _environment(
+    sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int, options: tuple = ()
+) -> tuple:
     """The cell's environment (from the registry, with the cell's simulator ``options``) and
     its ground truth V(pi_0), V* (shared by every n)."""
     from opl_rank import prng
@@ -54,15 +80,29 @@ def _environment(sweep: OPLSweep, n_items: int, ranking_length: int, tau: float,
     if logging_policy not in spec.logging_policies:
         fn = load_callable(sweep.logging_policy, what="logging_policy")
         logging_policy = CallableLogging(fn, n_items, temperature=tau)
-    env = environments.create(sweep.simulator, k_env, n_items=n_items, ranking_length=ranking_length, lam=lam, tau=tau,
-                              logging_policy=logging_policy, config=sweep, options=dict(options))
+    env = environments.create(
+        sweep.simulator,
+        k_env,
+        n_items=n_items,
+        ranking_length=ranking_length,
+        lam=lam,
+        tau=tau,
+        logging_policy=logging_policy,
+        config=sweep,
+        options=dict(options),
+    )
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     return env, v0, v_star, star_method
 
 
-def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable[[str], None] | None = None,
-              on_epoch: Callable[[str, int, dict[str, float]], None] | None = None) -> list[list[dict[str, Any]]]:
+def run_group(
+    sweep: OPLSweep,
+    group: list[dict[str, Any]],
+    *,
+    on_step: Callable[[str], None] | None = None,
+    on_epoch: Callable[[str, int, dict[str, float]], None] | None = None,
+) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed (so share every axis but the seed). Every method is fitted on all the
     seeds' data sets at once (vmapped, :func:`opl_rank.opl.learners.fit_seeds`) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
@@ -80,8 +120,8 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
     axes = row_axis_columns(sweep)
     options = tuple(sorted(cell_env_options(sweep, group[0]).items()))
     sweep = cell_config(sweep, group[0])  # the group's values of the config axes (policy_epochs, ...)
-    from opl_rank.optimization import TrainConfig
     from opl_rank.opl.select_k import select_k
+    from opl_rank.optimization import TrainConfig
 
     keys = [prng.split_seed(cell["seed"], 4) for cell in group]
     k_eval = [k[2] for k in keys]
@@ -96,19 +136,34 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
         for (env, *_), k, c in zip(truth, keys, group)
     ]
     n_slots = group[0]["L"]
-    train = TrainConfig(epochs=sweep.policy_epochs, batch_size=sweep.batch_size, learning_rate=sweep.policy_learning_rate,
-                        devices=sweep.devices)
-    reward = TrainConfig(epochs=sweep.reward_epochs, batch_size=sweep.batch_size, learning_rate=sweep.reward_learning_rate,
-                         devices=sweep.devices)
+    train = TrainConfig(
+        epochs=sweep.policy_epochs,
+        batch_size=sweep.batch_size,
+        learning_rate=sweep.policy_learning_rate,
+        devices=sweep.devices,
+    )
+    reward = TrainConfig(
+        epochs=sweep.reward_epochs,
+        batch_size=sweep.batch_size,
+        learning_rate=sweep.reward_learning_rate,
+        devices=sweep.devices,
+    )
     together = len(group) > 1
 
     item_feature_dim = getattr(truth[0][0], "n_features", None) or None  # semi-synthetic: score items by features
 
     def config(method, k, kind):
         return LearnerConfig(
-            method, k=k, reward_model=kind if kind != "-" else "additive", n_samples=sweep.n_samples,
-            train=train, reward_train=reward, policy_hidden=sweep.policy_hidden, reward_hidden=sweep.reward_hidden,
-            item_feature_dim=item_feature_dim, slot_marginals=sweep.slot_marginals or "auto",
+            method,
+            k=k,
+            reward_model=kind if kind != "-" else "additive",
+            n_samples=sweep.n_samples,
+            train=train,
+            reward_train=reward,
+            policy_hidden=sweep.policy_hidden,
+            reward_hidden=sweep.reward_hidden,
+            item_feature_dim=item_feature_dim,
+            slot_marginals=sweep.slot_marginals or "auto",
         )
 
     done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}
@@ -131,8 +186,10 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
     rows: list[list[dict[str, Any]]] = [[] for _ in group]
     candidates = candidate_ks(sweep, n_slots)
     for method, k, kind in method_rows(sweep, n_slots):
-        step(f"{method}{'' if k is None else f'(V/{k:g})' if method == 'rpod-oracle' else f'(k={k})'}"
-             f"{'' if kind == '-' else '/' + kind}")
+        step(
+            f"{method}{'' if k is None else f'(V/{k:g})' if method == 'rpod-oracle' else f'(k={k})'}"
+            f"{'' if kind == '-' else '/' + kind}"
+        )
         start = time.perf_counter()
         chosen: list[int | None] = [None] * len(group)
         selector = ""
@@ -157,14 +214,31 @@ def run_group(sweep: OPLSweep, group: list[dict[str, Any]], *, on_step: Callable
         for s, cell in enumerate(group):
             _, v0, v_star, star_method = truth[s]
             gap = v_star.value - v0.value
-            rows[s].append({
-                "simulator": sweep.simulator, "logging_policy": sweep.logging_policy, "method": method, "k": k, "reward_model": kind,
-                "lambda": cell["lam"], "n": cell["n"], "D": cell["D"], "L": cell["L"], "tau": cell["tau"], "seed": cell["seed"],
-                **{name: cell[name] for name in axes},
-                "V": values[s].value, "V_se": values[s].stderr, "V0": v0.value, "V_star": v_star.value,
-                "V_star_method": star_method, "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
-                "fit_seconds": seconds, "k_selected": chosen[s], "selector": selector,
-            })
+            rows[s].append(
+                {
+                    "simulator": sweep.simulator,
+                    "logging_policy": sweep.logging_policy,
+                    "method": method,
+                    "k": k,
+                    "reward_model": kind,
+                    "lambda": cell["lam"],
+                    "n": cell["n"],
+                    "D": cell["D"],
+                    "L": cell["L"],
+                    "tau": cell["tau"],
+                    "seed": cell["seed"],
+                    **{name: cell[name] for name in axes},
+                    "V": values[s].value,
+                    "V_se": values[s].stderr,
+                    "V0": v0.value,
+                    "V_star": v_star.value,
+                    "V_star_method": star_method,
+                    "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
+                    "fit_seconds": seconds,
+                    "k_selected": chosen[s],
+                    "selector": selector,
+                }
+            )
     return rows
 
 

@@ -37,9 +37,22 @@ from experiments.grid import as_lists, check_unique
 from experiments.user_code import import_plugins, load_callable
 
 __all__ = [
-    "OPLSweep", "load_sweep", "cells", "method_rows", "candidate_ks", "cell_name", "group_key",
-    "resolved_config", "cell_config", "cell_env_options", "config_axis_names", "row_axis_columns",
-    "SELECTION_METHODS", "GRID_KEYS", "NOT_HASHED", "CELL_KEYS",
+    "OPLSweep",
+    "load_sweep",
+    "cells",
+    "method_rows",
+    "candidate_ks",
+    "cell_name",
+    "group_key",
+    "resolved_config",
+    "cell_config",
+    "cell_env_options",
+    "config_axis_names",
+    "row_axis_columns",
+    "SELECTION_METHODS",
+    "GRID_KEYS",
+    "NOT_HASHED",
+    "CELL_KEYS",
 ]
 
 SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
@@ -49,8 +62,17 @@ NOT_HASHED = ("output_dir",)  # the only key that cannot change a row
 # lambda, n, seed): growing them in an existing output_dir reuses the cells already there.
 CELL_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "axes")
 # Keys that cannot be an axis: where and how the sweep runs, and what defines the grid.
-_NOT_AXES = ("simulator", "letor_path", "letor_sha256", "output_dir", "plugins", "axes", "env_options",
-             "vmap_seeds", "devices")
+_NOT_AXES = (
+    "simulator",
+    "letor_path",
+    "letor_sha256",
+    "output_dir",
+    "plugins",
+    "axes",
+    "env_options",
+    "vmap_seeds",
+    "devices",
+)
 _PAPER_AXES = {"n_items": "D", "ranking_length": "L", "tau": "tau", "lam": "lam", "n": "n", "seeds": "seed"}
 
 
@@ -131,11 +153,15 @@ class OPLSweep:
         builtin = spec.logging_policies
         if self.logging_policy not in builtin:
             if ":" not in self.logging_policy:
-                raise ValueError(f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}")
+                raise ValueError(
+                    f"logging_policy for {self.simulator} must be one of {list(builtin)} or 'module:function', got {self.logging_policy!r}"
+                )
             load_callable(self.logging_policy, what="logging_policy")  # fails early, naming the problem
         if not spec.repeats_contexts and any(kind.endswith("-two-step") for kind in self.reward_models):
-            raise ValueError(f"two-step reward models need logged rounds that share a context; simulator "
-                             f"{self.simulator!r} never repeats one (use simulator semi_synthetic)")
+            raise ValueError(
+                f"two-step reward models need logged rounds that share a context; simulator "
+                f"{self.simulator!r} never repeats one (use simulator semi_synthetic)"
+            )
         if self.vmap_seeds not in (True, False, "auto"):
             raise ValueError(f"vmap_seeds must be true, false or auto, got {self.vmap_seeds!r}")
         if any(v <= 0 for v in self.oracle_noise):
@@ -165,8 +191,10 @@ class OPLSweep:
         options = dict(spec.options)
         for name, _ in self.env_options or ():
             if name not in options:
-                raise ValueError(f"env_options: simulator {self.simulator!r} has no option {name!r}; "
-                                 f"its options: {sorted(options) or 'none'}")
+                raise ValueError(
+                    f"env_options: simulator {self.simulator!r} has no option {name!r}; "
+                    f"its options: {sorted(options) or 'none'}"
+                )
         hints = typing.get_type_hints(OPLSweep)
         coerced = []
         for name, values in self.axes or ():
@@ -177,12 +205,16 @@ class OPLSweep:
             elif name in config_axis_names():
                 values = tuple(_coerce(f"axes.{name}[{i}]", v, hints[name]) for i, v in enumerate(values))
             else:
-                raise ValueError(f"axes: {name!r} is neither a config key that can vary ({', '.join(config_axis_names())}) "
-                                 f"nor an option of simulator {self.simulator!r} ({', '.join(sorted(options)) or 'none'})")
+                raise ValueError(
+                    f"axes: {name!r} is neither a config key that can vary ({', '.join(config_axis_names())}) "
+                    f"nor an option of simulator {self.simulator!r} ({', '.join(sorted(options)) or 'none'})"
+                )
             if any(v is not None and not isinstance(v, (int, float, str, bool)) for v in values):
                 raise ValueError(f"axes.{name}: values must be numbers, strings or booleans, got {list(values)}")
             if len(set(values)) != len(values):
-                raise ValueError(f"axes.{name} has duplicate values (in {list(values)}): each grid value must appear once")
+                raise ValueError(
+                    f"axes.{name} has duplicate values (in {list(values)}): each grid value must appear once"
+                )
             if name in dict(self.env_options or ()):
                 raise ValueError(f"{name!r} is both an axis and a fixed env_options value: keep one")
             coerced.append((name, values))
@@ -202,7 +234,9 @@ def _pairs(value: Any, what: str) -> tuple:
     elif isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
         items = [tuple(p) for p in value]
     else:
-        raise ValueError(f"{what} must be a mapping of names to {'lists of values' if what == 'axes' else 'values'}, got {value!r}")
+        raise ValueError(
+            f"{what} must be a mapping of names to {'lists of values' if what == 'axes' else 'values'}, got {value!r}"
+        )
     out = []
     for name, v in items:
         if not isinstance(name, str) or not name.isidentifier():
@@ -221,8 +255,11 @@ def config_axis_names() -> tuple[str, ...]:
     """The config keys that can be an axis: every scalar key but those of the paper's grid
     and those that say where or how the sweep runs."""
     hints = typing.get_type_hints(OPLSweep)
-    return tuple(f.name for f in dataclasses.fields(OPLSweep)
-                 if f.name not in _NOT_AXES and f.name not in _PAPER_AXES and "tuple" not in str(hints[f.name]))
+    return tuple(
+        f.name
+        for f in dataclasses.fields(OPLSweep)
+        if f.name not in _NOT_AXES and f.name not in _PAPER_AXES and "tuple" not in str(hints[f.name])
+    )
 
 
 def row_axis_columns(sweep: OPLSweep) -> tuple[str, ...]:
@@ -278,11 +315,19 @@ def resolved_config(sweep: OPLSweep) -> dict[str, Any]:
 
 def cells(sweep: OPLSweep) -> list[dict[str, Any]]:
     """Every (D, L, tau, lambda, seed, n, *axes) cell, in a stable order."""
-    grid = itertools.product(sweep.n_items, sweep.ranking_length, sweep.tau, sweep.lam, sweep.seeds, sweep.n,
-                             *(values for _, values in sweep.axes or ()))
+    grid = itertools.product(
+        sweep.n_items,
+        sweep.ranking_length,
+        sweep.tau,
+        sweep.lam,
+        sweep.seeds,
+        sweep.n,
+        *(values for _, values in sweep.axes or ()),
+    )
     names = row_axis_columns(sweep)
-    return [dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n, **dict(zip(names, extra)))
-            for d, l, t, lam, s, n, *extra in grid]
+    return [
+        dict(D=d, L=l, tau=t, lam=lam, seed=s, n=n, **dict(zip(names, extra))) for d, l, t, lam, s, n, *extra in grid
+    ]
 
 
 def method_rows(sweep: OPLSweep, n_slots: int) -> list[tuple[str, Any, str]]:

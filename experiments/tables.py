@@ -12,7 +12,8 @@ from __future__ import annotations
 import csv
 import io
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from opl_rank.io.atomic import atomic_write, atomic_write_text
 
@@ -35,8 +36,14 @@ def write_csv(path: str, rows: Sequence[dict[str, Any]], columns: Sequence[str] 
     atomic_write_text(path, buffer.getvalue())
 
 
-def write_parquet(path: str, rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, *,
-                  int_columns: Sequence[str] = (), echo: Callable[[str], None] = print) -> bool:
+def write_parquet(
+    path: str,
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    int_columns: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+) -> bool:
     """``rows`` as Parquet at ``path`` (atomically) when pandas and pyarrow are installed;
     ``int_columns`` become nullable integers. Returns whether it was written."""
     try:
@@ -58,8 +65,9 @@ def write_parquet(path: str, rows: Sequence[dict[str, Any]], columns: Sequence[s
     return True
 
 
-def write_tables(folder: str, rows: Sequence[dict[str, Any]], *, int_columns: Sequence[str] = (),
-                 echo: Callable[[str], None] = print) -> dict[str, Any]:
+def write_tables(
+    folder: str, rows: Sequence[dict[str, Any]], *, int_columns: Sequence[str] = (), echo: Callable[[str], None] = print
+) -> dict[str, Any]:
     """``folder/results.csv`` and ``folder/results.parquet``; returns their paths (parquet: None when skipped)."""
     columns = columns_of(rows)
     csv_path = os.path.join(folder, "results.csv")

@@ -6,7 +6,8 @@ The one place that imports code by name, so every command reports a bad name the
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["load_callable", "import_plugins"]
 

@@ -198,12 +198,20 @@ def mean_se(values: pd.Series) -> pd.Series:
 
 keys = ["estimator", "n_samples"]
 by_epoch = curves.groupby(keys + ["epoch"])[NDCG].apply(mean_se).unstack().reset_index()
-per_run = curves.sort_values("epoch").groupby(keys + ["seed"]).agg(
-    final=(NDCG, "last"), best=(NDCG, "max"), nonfinite=(NDCG, lambda s: int((~np.isfinite(s.to_numpy(float))).sum()))
+per_run = (
+    curves.sort_values("epoch")
+    .groupby(keys + ["seed"])
+    .agg(
+        final=(NDCG, "last"),
+        best=(NDCG, "max"),
+        nonfinite=(NDCG, lambda s: int((~np.isfinite(s.to_numpy(float))).sum())),
+    )
 )
 per_run["degradation"] = per_run["best"] - per_run["final"]
 per_run["auc"] = curves.groupby(keys + ["seed"])[NDCG].mean()  # area under the learning curve / epochs
-nonfinite_loss = curves.groupby(keys)[["train_loss", "valid_loss"]].agg(lambda s: int((~np.isfinite(s.to_numpy(float))).sum()))
+nonfinite_loss = curves.groupby(keys)[["train_loss", "valid_loss"]].agg(
+    lambda s: int((~np.isfinite(s.to_numpy(float))).sum())
+)
 best_mean_at_n = by_epoch.groupby("n_samples")["mean"].max()
 
 
@@ -235,7 +243,9 @@ for n_samples in N_VALUES:
                 "auc_se": auc["se"],
                 "epochs_to_target": epochs_to_target(group),
                 "s_per_epoch": float(epoch_seconds.median()) if len(epoch_seconds) else float("nan"),
-                "max_abs_score": float(runs.loc[(runs["estimator"] == estimator) & (runs["n_samples"] == n_samples), "max_abs_score"].max()),
+                "max_abs_score": float(
+                    runs.loc[(runs["estimator"] == estimator) & (runs["n_samples"] == n_samples), "max_abs_score"].max()
+                ),
                 "nonfinite": int(run_stats["nonfinite"].sum() + nonfinite_loss.loc[(estimator, n_samples)].sum()),
             }
         )
@@ -329,17 +339,25 @@ def describe(d: float, se: float) -> str:
     return f"{d:+.4f} ± {se:.4f} ({z:+.1f} SE, {'within noise' if abs(z) < 2 else 'beyond 2 SE'})"
 
 
-COLUMNS = {"final": f"final-epoch {NDCG}", "best": f"best-epoch {NDCG}", "auc": f"{NDCG} averaged over epochs (learning speed)"}
+COLUMNS = {
+    "final": f"final-epoch {NDCG}",
+    "best": f"best-epoch {NDCG}",
+    "auc": f"{NDCG} averaged over epochs (learning speed)",
+}
 for n_samples in N_VALUES:
     at_n = summary[summary["N"] == n_samples].set_index("estimator")
     order = at_n.sort_values("final_mean", ascending=False)
-    findings.append(f"N={n_samples}, final {NDCG}: " + " > ".join(f"{e} {m:.4f}" for e, m in order["final_mean"].items()) + ".")
+    findings.append(
+        f"N={n_samples}, final {NDCG}: " + " > ".join(f"{e} {m:.4f}" for e, m in order["final_mean"].items()) + "."
+    )
     if "exposure" in at_n.index and len(at_n) > 1:
         for col, label in COLUMNS.items():
             means = per_run.loc[(slice(None), n_samples), col].groupby(level="estimator").mean().drop(index="exposure")
             top_other = means.idxmax()
             d, se, _ = paired_diff(("exposure", n_samples), (top_other, n_samples), col)
-            findings.append(f"  exposure minus the best other ({top_other}), {label}, paired by seed: {describe(d, se)}.")
+            findings.append(
+                f"  exposure minus the best other ({top_other}), {label}, paired by seed: {describe(d, se)}."
+            )
     speeds = at_n["epochs_to_target"]
     if speeds.notna().any():
         fastest = speeds[speeds == speeds.min()].index.tolist()
@@ -357,7 +375,9 @@ for n_samples in N_VALUES:
     if "plrank3" in at_n.index and len(rl):
         top_rl = rl["final_mean"].idxmax()
         d, se, _ = paired_diff(("plrank3", n_samples), (top_rl, n_samples), "final")
-        findings.append(f"  plrank3 minus the best baseline-corrected estimator ({top_rl}), final, paired by seed: {describe(d, se)}.")
+        findings.append(
+            f"  plrank3 minus the best baseline-corrected estimator ({top_rl}), final, paired by seed: {describe(d, se)}."
+        )
 
 if "exposure" in ESTIMATORS and len(N_VALUES) > 1:
     lo, hi = min(N_VALUES), max(N_VALUES)

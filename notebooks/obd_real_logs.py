@@ -30,9 +30,8 @@ import numpy as np
 import pandas as pd
 
 from opl_rank import make_key
-
-from opl_rank.opl import ope
 from opl_rank.io import obd
+from opl_rank.opl import ope
 
 # Outputs go under the repository root (results/ is git-ignored), also when Jupyter runs this
 # notebook from notebooks/; an absolute OPL_RANK_NOTEBOOK_OUT is used as it is.
@@ -57,21 +56,25 @@ N_SIM, N_BOOTSTRAP = (10_000, 100) if SIZE == "smallest" else (100_000, 1000)
 # therefore position-wise (each row its own one-slot round).
 
 # %%
-raw = {policy: pd.read_csv(obd.sample_path() / policy / "all" / "all.csv", index_col=0) for policy in obd.BEHAVIOR_POLICIES}
-pd.DataFrame({
-    policy: {
-        "rows": len(frame),
-        "distinct timestamps": frame["timestamp"].nunique(),
-        "items": frame["item_id"].nunique(),
-        "clicks": int(frame["click"].sum()),
-        "click rate": frame["click"].mean(),
-        "pscore min": frame["propensity_score"].min(),
-        "pscore max": frame["propensity_score"].max(),
-        "first": frame["timestamp"].min()[:10],
-        "last": frame["timestamp"].max()[:10],
+raw = {
+    policy: pd.read_csv(obd.sample_path() / policy / "all" / "all.csv", index_col=0) for policy in obd.BEHAVIOR_POLICIES
+}
+pd.DataFrame(
+    {
+        policy: {
+            "rows": len(frame),
+            "distinct timestamps": frame["timestamp"].nunique(),
+            "items": frame["item_id"].nunique(),
+            "clicks": int(frame["click"].sum()),
+            "click rate": frame["click"].mean(),
+            "pscore min": frame["propensity_score"].min(),
+            "pscore max": frame["propensity_score"].max(),
+            "first": frame["timestamp"].min()[:10],
+            "last": frame["timestamp"].max()[:10],
+        }
+        for policy, frame in raw.items()
     }
-    for policy, frame in raw.items()
-})
+)
 
 # %% [markdown]
 # ## The converter
@@ -107,7 +110,9 @@ table.round(5)
 ours = table[table.source == "opl_rank"].set_index(["campaign", "estimator"])["value"]
 theirs = table[table.source == "obp"].set_index(["campaign", "estimator"])["value"]
 print("largest |opl_rank - obp| / obp:", float(((ours - theirs).abs() / theirs).max()))
-table[table.source.isin(["opl_rank", "baseline"])].pivot_table(index="campaign", columns="estimator", values="rel_error").round(3)
+table[table.source.isin(["opl_rank", "baseline"])].pivot_table(
+    index="campaign", columns="estimator", values="rel_error"
+).round(3)
 
 # %%
 fig, axes = plt.subplots(1, len(obd.CAMPAIGNS), figsize=(11, 3.6), sharey=False)
@@ -121,7 +126,9 @@ for ax, campaign in zip(axes, obd.CAMPAIGNS):
     colors = ["grey" if s == "baseline" else ("tab:blue" if s == "opl_rank" else "tab:orange") for s in others.source]
     x = np.arange(len(others))
     for xi, (_, row), color in zip(x, others.iterrows(), colors):
-        ax.errorbar(xi, row.value, yerr=[[row.value - row.ci_low], [row.ci_high - row.value]], fmt="o", color=color, capsize=3)
+        ax.errorbar(
+            xi, row.value, yerr=[[row.value - row.ci_low], [row.ci_high - row.value]], fmt="o", color=color, capsize=3
+        )
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_title(f"campaign: {campaign}")
     ax.set_ylim(bottom=0)
@@ -154,9 +161,16 @@ for campaign in obd.CAMPAIGNS:
     truth = obd.on_policy_value(bts_c)["value"]
     for name, dist in (("obp static prior", static), ("BTS logs' frequencies", logged)):
         est = ope.evaluate(obd.PositionwisePolicy(dist), data_c, make_key(0), estimators=("ips",), ci="normal")["ips"]
-        sensitivity.append({"campaign": campaign, "evaluation_policy": name, "ips": est.value, "ips_se": est.stderr,
-                            "rel_error": est.value / truth - 1.0,
-                            **{f"tv_pos{p + 1}": 0.5 * np.abs(static[:, p] - logged[:, p]).sum() for p in range(static.shape[1])}})
+        sensitivity.append(
+            {
+                "campaign": campaign,
+                "evaluation_policy": name,
+                "ips": est.value,
+                "ips_se": est.stderr,
+                "rel_error": est.value / truth - 1.0,
+                **{f"tv_pos{p + 1}": 0.5 * np.abs(static[:, p] - logged[:, p]).sum() for p in range(static.shape[1])},
+            }
+        )
 sensitivity = pd.DataFrame(sensitivity)
 sensitivity.to_csv(os.path.join(OUT, "bts_static_vs_logged.csv"), index=False)
 sensitivity.round(4)

@@ -27,12 +27,11 @@ import numpy as np
 import pandas as pd
 
 from opl_rank import enable_compilation_cache, make_key
-
-from opl_rank.opl import ope
 from opl_rank.data import train_val_split
+from opl_rank.opl import ope
 from opl_rank.opl.learners import LearnerConfig, fit
-from opl_rank.optimization import TrainConfig
 from opl_rank.opl.reward_models import fit_reward_model
+from opl_rank.optimization import TrainConfig
 from simulators import SyntheticRankingEnv
 
 enable_compilation_cache()  # a rerun loads the compiled kernels (~/.cache/opl_rank/jax)
@@ -53,6 +52,7 @@ N, EPOCHS, EVAL, SAMPLES = (1000, 2, 4000, 32) if SIZE == "smallest" else (8000,
 # (NumPy, scikit-learn or JAX). This one prefers low item ids and leans on the first context
 # feature; the environment checks its output at every call.
 
+
 # %%
 def my_logging_policy(context, item_features):
     context = np.asarray(context)
@@ -70,8 +70,12 @@ fast = TrainConfig(epochs=EPOCHS, batch_size=256, learning_rate=0.05)
 reward = TrainConfig(epochs=2 * EPOCHS, batch_size=256, learning_rate=0.02)
 policies = {
     "ips": fit(train, make_key(3), LearnerConfig("ips", train=fast)),
-    "regression/pairwise": fit(train, make_key(3), LearnerConfig("regression", reward_model="pairwise", reward_train=reward)),
-    "rpod(k=2)/pairwise": fit(train, make_key(3), LearnerConfig("rpod", k=2, reward_model="pairwise", train=fast, reward_train=reward)),
+    "regression/pairwise": fit(
+        train, make_key(3), LearnerConfig("regression", reward_model="pairwise", reward_train=reward)
+    ),
+    "rpod(k=2)/pairwise": fit(
+        train, make_key(3), LearnerConfig("rpod", k=2, reward_model="pairwise", train=fast, reward_train=reward)
+    ),
 }
 f_hat = fit_reward_model(train, make_key(4), kind="pairwise", config=reward)
 
@@ -80,12 +84,20 @@ rows = []
 v0 = env.logging_policy_value(make_key(5), EVAL)
 for name, policy in policies.items():
     truth = env.policy_value(policy, make_key(5), EVAL)
-    estimates = ope.evaluate(policy, holdout, make_key(6), estimators=("dr", "snips"), reward_model=f_hat, ci="normal", n_samples=SAMPLES)
-    rows.append({
-        "policy": name, "V_true": truth.value, "V_true_se": truth.stderr, "V0": v0.value,
-        **{f"{e}": r.value for e, r in estimates.items()}, **{f"{e}_se": r.stderr for e, r in estimates.items()},
-        "dr_ess": estimates["dr"].ess,
-    })
+    estimates = ope.evaluate(
+        policy, holdout, make_key(6), estimators=("dr", "snips"), reward_model=f_hat, ci="normal", n_samples=SAMPLES
+    )
+    rows.append(
+        {
+            "policy": name,
+            "V_true": truth.value,
+            "V_true_se": truth.stderr,
+            "V0": v0.value,
+            **{f"{e}": r.value for e, r in estimates.items()},
+            **{f"{e}_se": r.stderr for e, r in estimates.items()},
+            "dr_ess": estimates["dr"].ess,
+        }
+    )
 table = pd.DataFrame(rows)
 table.to_csv(os.path.join(OUT, "policies.csv"), index=False)
 table
@@ -93,7 +105,9 @@ table
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
 x = np.arange(len(table))
-for i, (column, label) in enumerate([("V_true", "ground truth"), ("dr", "DR (hold-out)"), ("snips", "SNIPS (hold-out)")]):
+for i, (column, label) in enumerate(
+    [("V_true", "ground truth"), ("dr", "DR (hold-out)"), ("snips", "SNIPS (hold-out)")]
+):
     err = table[column + "_se"] if column + "_se" in table else None
     ax.bar(x + (i - 1) * 0.27, table[column], width=0.27, yerr=err, capsize=2, label=label)
 ax.axhline(v0.value, color="grey", linestyle="--", label="logging policy")

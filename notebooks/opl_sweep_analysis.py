@@ -42,11 +42,19 @@ os.makedirs(OUT, exist_ok=True)
 if RESULTS is None:
     small = SIZE == "smallest"
     sweep = OPLSweep(
-        n_items=(5,) if small else (10,), ranking_length=(2,) if small else (5,), lam=(1.0,) if small else (0.0, 1.0),
-        n=(400,) if small else (2000,), seeds=(0, 1) if small else (0, 1, 2),
-        methods=("regression", "rpod", "rpod-ope") if small else ("ips", "regression", "rpod", "rpod-ope", "rpod-oracle"),
-        reward_models=("pairwise",), eval_contexts=1000 if small else 20000, policy_epochs=2 if small else 30,
-        reward_epochs=2 if small else 60, output_dir=os.path.join(OUT, "sweep"),
+        n_items=(5,) if small else (10,),
+        ranking_length=(2,) if small else (5,),
+        lam=(1.0,) if small else (0.0, 1.0),
+        n=(400,) if small else (2000,),
+        seeds=(0, 1) if small else (0, 1, 2),
+        methods=("regression", "rpod", "rpod-ope")
+        if small
+        else ("ips", "regression", "rpod", "rpod-ope", "rpod-oracle"),
+        reward_models=("pairwise",),
+        eval_contexts=1000 if small else 20000,
+        policy_epochs=2 if small else 30,
+        reward_epochs=2 if small else 60,
+        output_dir=os.path.join(OUT, "sweep"),
     )
     RESULTS = run_sweep(sweep, echo=lambda line: None)["results"]
 rows = load_rows(RESULTS)
@@ -73,7 +81,9 @@ rpod = frame[frame["method"] == "rpod"]
 best = rpod.loc[rpod.groupby(keys, dropna=False)["V"].idxmax(), keys + ["k", "normalized_gain"]].rename(
     columns={"k": "k_true_best", "normalized_gain": "gain_true_best"}
 )
-picked = frame[frame["method"] == "rpod-ope"][keys + ["k_selected", "normalized_gain"]].rename(columns={"normalized_gain": "gain_ope"})
+picked = frame[frame["method"] == "rpod-ope"][keys + ["k_selected", "normalized_gain"]].rename(
+    columns={"normalized_gain": "gain_ope"}
+)
 selection = best.merge(picked, on=keys)
 selection["gain_lost"] = selection["gain_true_best"] - selection["gain_ope"]
 selection.to_csv(os.path.join(OUT, "k_selection.csv"), index=False)
@@ -82,7 +92,8 @@ by = ["D", "L", "lambda", *varying_axes(rows), "n"]
 if selection["reward_model"].nunique() > 1:
     by.append("reward_model")
 summary = selection.groupby(by, dropna=False).agg(
-    k_true_best=("k_true_best", lambda s: ",".join(map(str, s))), k_ope=("k_selected", lambda s: ",".join(map(str, s))),
+    k_true_best=("k_true_best", lambda s: ",".join(map(str, s))),
+    k_ope=("k_selected", lambda s: ",".join(map(str, s))),
     gain_lost_mean=("gain_lost", "mean"),
 )
 summary

@@ -10,20 +10,27 @@ and evaluation); :mod:`opl_rank.ltr` (learning to rank from labels and clicks);
 ``import opl_rank`` needs only jax, flax, optax and numpy.
 """
 
-from opl_rank import _aliases
+from opl_rank import _aliases, compilation_cache, io, ltr, memory, metrics, opl, optimization, pl, prng, scorers, tuning
 from opl_rank._version import __version__
-from opl_rank import compilation_cache, memory, metrics, optimization, prng, scorers, tuning
-from opl_rank import io, ltr, opl, pl
+from opl_rank.compilation_cache import enable_compilation_cache
+from opl_rank.data import LoggedData, minibatches, train_val_split
 from opl_rank.io import persistence
+from opl_rank.io.persistence import load_policy, register_policy_class, save_policy
 from opl_rank.ltr import exposure_losses, pairwise
+from opl_rank.metrics import dcg_position_weights
 from opl_rank.opl import completion, learners, ope, policies, reward_models
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl import select_k as k_selection
-from opl_rank.pl import marginals, plackett_luce
-from opl_rank.pl import gradients as ltr_estimators
-from opl_rank.compilation_cache import enable_compilation_cache
-from opl_rank.data import LoggedData, minibatches, train_val_split
+from opl_rank.opl.estimators import OPL_ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
+from opl_rank.opl.estimators import OPL_ESTIMATORS as ESTIMATORS
 from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, learning_methods, register_learner
+from opl_rank.opl.ope import OPEResult, evaluate
+from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
+from opl_rank.opl.reward_models import RewardModel, fit_reward_model
+from opl_rank.opl.select_k import KSelection, select_k
+from opl_rank.optimization import TrainConfig, minimize
+from opl_rank.pl import gradients as ltr_estimators
+from opl_rank.pl import marginals, plackett_luce
 from opl_rank.pl.marginals import (
     PositionMarginals,
     estimate_position_marginals,
@@ -34,10 +41,6 @@ from opl_rank.pl.marginals import (
     position_marginals,
     sampled_slot_marginals,
 )
-from opl_rank.metrics import dcg_position_weights
-from opl_rank.opl.ope import OPEResult, evaluate
-from opl_rank.opl.estimators import OPL_ESTIMATORS as ESTIMATORS, OPL_ESTIMATORS, Estimator, ModelTerms, Propensities, Terms, register
-from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.pl.plackett_luce import (
     all_rankings,
     enumerate_position_marginals,
@@ -47,11 +50,7 @@ from opl_rank.pl.plackett_luce import (
     sample_rankings,
     slot_log_probs,
 )
-from opl_rank.io.persistence import load_policy, register_policy_class, save_policy
-from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings
 from opl_rank.prng import make_key, split_seed
-from opl_rank.opl.reward_models import RewardModel, fit_reward_model
-from opl_rank.opl.select_k import KSelection, select_k
 
 _aliases.install()
 
@@ -70,6 +69,7 @@ __all__ = [
     "learners",
     "ltr_estimators",
     "marginals",
+    "memory",
     "metrics",
     "ope",
     "opl_estimators",

@@ -41,8 +41,11 @@ MOVED: dict[str, str] = {
 class _AliasLoader(importlib.abc.Loader):
     def create_module(self, spec):
         new = MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new} in opl_rank 0.2.0; the old path goes in 0.3.0",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {new} in opl_rank 0.2.0; the old path goes in 0.3.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         module = importlib.import_module(new)
         self._spec = module.__spec__  # the import system writes the old path's spec over it
         return module

@@ -33,7 +33,9 @@ def default_cache_dir() -> str | None:
     return os.path.join(os.path.expanduser("~"), ".cache", "opl_rank", "jax")
 
 
-def enable_compilation_cache(cache_dir: str | os.PathLike | None = None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS) -> str | None:
+def enable_compilation_cache(
+    cache_dir: str | os.PathLike | None = None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS
+) -> str | None:
     """Point JAX's persistent compilation cache at ``cache_dir`` for this process.
 
     Args:

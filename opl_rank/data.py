@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import zipfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +84,7 @@ class LoggedData(struct.PyTreeNode):
             fields["item_features"] = self.item_features
         return fields
 
-    def take(self, rows: Any) -> "LoggedData":
+    def take(self, rows: Any) -> LoggedData:
         """The rounds ``rows`` (an index array, slice or bool mask) as a new LoggedData."""
         return self.replace(**{name: value[rows] for name, value in self.row_fields().items()})
 
@@ -119,16 +120,12 @@ class LoggedData(struct.PyTreeNode):
     # -- persistence -----------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write to ``path`` (``.npz``) atomically: a temporary file, then a rename."""
-        arrays = {
-            name: np.asarray(getattr(self, name))
-            for name in _ARRAY_FIELDS
-            if getattr(self, name) is not None
-        }
+        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAY_FIELDS if getattr(self, name) is not None}
         arrays["n_items"] = np.asarray(self.n_items)
         atomic_write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "LoggedData":
+    def load(cls, path: str | os.PathLike) -> LoggedData:
         """Read what :meth:`save` wrote (validated again).
 
         Raises:
@@ -149,8 +146,9 @@ class LoggedData(struct.PyTreeNode):
         except FileNotFoundError:
             raise
         except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{shown}: not a LoggedData .npz file written by LoggedData.save "
-                             f"(truncated or another format?): {err}") from err
+            raise ValueError(
+                f"{shown}: not a LoggedData .npz file written by LoggedData.save (truncated or another format?): {err}"
+            ) from err
         except Exception as err:  # zlib.error and the like from a damaged member
             raise ValueError(f"{shown}: cannot read LoggedData .npz file ({type(err).__name__}: {err})") from err
         if n_items.shape != () or not np.issubdtype(n_items.dtype, np.integer):
@@ -162,8 +160,9 @@ class LoggedData(struct.PyTreeNode):
 
     # -- tables (pandas, Parquet, CSV; schema: docs/data_format.md, code: opl_rank.io.tabular) --
     @classmethod
-    def from_pandas(cls, frame: Any, *, n_items: int | None = None, position_weight: Any = None,
-                    alpha: Any = None) -> "LoggedData":
+    def from_pandas(
+        cls, frame: Any, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+    ) -> LoggedData:
         """From a DataFrame with one row per round and list columns ``context``, ``ranking``,
         ``reward``, ``log_pi0_prefix`` (or ``pi0_prefix``) and optionally
         ``log_pi0_position_marginal`` (or ``pi0_position_marginal``), ``item_mask``,
@@ -192,8 +191,9 @@ class LoggedData(struct.PyTreeNode):
         return tabular.to_pandas(self)
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
-                     alpha: Any = None) -> "LoggedData":
+    def from_parquet(
+        cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+    ) -> LoggedData:
         """Read a Parquet file in :meth:`from_pandas`'s schema; dataset-level values from its
         key-value metadata ``opl_rank`` (JSON), as :meth:`to_parquet` writes them.
 
@@ -212,8 +212,9 @@ class LoggedData(struct.PyTreeNode):
         tabular.to_parquet(self, path)
 
     @classmethod
-    def from_csv(cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
-                 alpha: Any = None) -> "LoggedData":
+    def from_csv(
+        cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+    ) -> LoggedData:
         """Read a CSV file: list cells as JSON (``"[0, 3, 1]"``) or space-separated (``0 3 1``);
         ``n_items`` / ``position_weight`` as arguments or constant columns."""
         from opl_rank.io import tabular
@@ -300,8 +301,11 @@ def _convert(data: LoggedData) -> None:
                 if over.any():
                     where = np.argwhere(over)[0]
                     at = f"row {int(where[0])}" if host.ndim >= 2 else f"index {int(where[0])}"
-                    _fail(name, f"{int(over.sum())} value(s) beyond float32's range (|x| > {_FLOAT32_MAX:.4g}), "
-                                f"first {host[tuple(where)]!r} at {at}; they would become inf")
+                    _fail(
+                        name,
+                        f"{int(over.sum())} value(s) beyond float32's range (|x| > {_FLOAT32_MAX:.4g}), "
+                        f"first {host[tuple(where)]!r} at {at}; they would become inf",
+                    )
             _set(data, name, value.astype(jnp.float32) if is_jax else host.astype(np.float32))
         elif name == "ranking":
             if dtype == np.int32 or not np.issubdtype(dtype, np.integer):
@@ -349,15 +353,17 @@ def _validate(data: LoggedData) -> None:
         bad = np.argwhere((ranking < 0) | (ranking >= data.n_items))[0]
         _fail(
             "ranking",
-            f"item indices must be in [0, {data.n_items}); row {bad[0]} slot {bad[1]} "
-            f"holds {ranking[bad[0], bad[1]]}",
+            f"item indices must be in [0, {data.n_items}); row {bad[0]} slot {bad[1]} holds {ranking[bad[0], bad[1]]}",
         )
     if n_slots > 1:
         srt = np.sort(ranking, axis=1)
         dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
         if dup.any():
             row = int(np.argmax(dup))
-            _fail("ranking", f"repeats an item within a row ({int(dup.sum())} rows), first row {row}: {ranking[row].tolist()}")
+            _fail(
+                "ranking",
+                f"repeats an item within a row ({int(dup.sum())} rows), first row {row}: {ranking[row].tolist()}",
+            )
 
     context = np.asarray(data.context)
     if context.ndim != 2 or context.shape[0] != n:
@@ -373,16 +379,24 @@ def _validate(data: LoggedData) -> None:
             _fail(name, f"must be [n, L] = {(n, n_slots)}, got shape {value.shape}")
         hint = ""
         if name in ("log_pi0_prefix", "log_pi0_position_marginal"):
-            hint = (" (a ranked item the logging policy could not place, e.g. one whose logit is -inf: "
-                    "the logged ranking is impossible under pi_0)")
+            hint = (
+                " (a ranked item the logging policy could not place, e.g. one whose logit is -inf: "
+                "the logged ranking is impossible under pi_0)"
+            )
         _check_finite(name, value, hint)
     log_prefix = np.asarray(data.log_pi0_prefix)
     if (log_prefix > 1e-5).any():
         row = int(np.argwhere(log_prefix > 1e-5)[0][0])
-        _fail("log_pi0_prefix", f"log-propensities must be <= 0 (propensities in (0, 1]); row {row} has {log_prefix[row].tolist()}")
+        _fail(
+            "log_pi0_prefix",
+            f"log-propensities must be <= 0 (propensities in (0, 1]); row {row} has {log_prefix[row].tolist()}",
+        )
     if n_slots > 1 and (np.diff(log_prefix, axis=1) > 1e-4).any():
         row = int(np.argwhere(np.diff(log_prefix, axis=1) > 1e-4)[0][0])
-        _fail("log_pi0_prefix", f"prefix log-probabilities must be non-increasing along slots; row {row} has {log_prefix[row].tolist()}")
+        _fail(
+            "log_pi0_prefix",
+            f"prefix log-probabilities must be non-increasing along slots; row {row} has {log_prefix[row].tolist()}",
+        )
     if data.log_pi0_position_marginal is not None:
         marg = np.asarray(data.log_pi0_position_marginal)
         if (marg > 1e-5).any():
@@ -403,22 +417,25 @@ def _validate(data: LoggedData) -> None:
         ranked_real = np.take_along_axis(mask, ranking, axis=1)
         if not ranked_real.all():
             row, slot = (int(i) for i in np.argwhere(~ranked_real)[0])
-            _fail("item_mask", f"row {row} ranks a masked-out item: slot {slot} holds item {int(ranking[row, slot])}, "
-                               f"which item_mask marks as not a candidate ({int((~ranked_real).any(axis=1).sum())} "
-                               f"row(s) affected; a logging policy with fewer than L real candidates?)")
+            _fail(
+                "item_mask",
+                f"row {row} ranks a masked-out item: slot {slot} holds item {int(ranking[row, slot])}, "
+                f"which item_mask marks as not a candidate ({int((~ranked_real).any(axis=1).sum())} "
+                f"row(s) affected; a logging policy with fewer than L real candidates?)",
+            )
     if data.item_features is not None:
         feats = np.asarray(data.item_features)
         ok = (feats.ndim == 2 and feats.shape[0] == data.n_items) or (
             feats.ndim == 3 and feats.shape[:2] == (n, data.n_items)
         )
         if not ok:
-            _fail("item_features", f"must be [D, di] or [n, D, di] with D={data.n_items}, n={n}; got shape {feats.shape}")
+            _fail(
+                "item_features", f"must be [D, di] or [n, D, di] with D={data.n_items}, n={n}; got shape {feats.shape}"
+            )
         _check_finite("item_features", feats)
 
 
-def train_val_split(
-    data: LoggedData, key: jax.Array, val_fraction: float = 0.2
-) -> tuple[LoggedData, LoggedData]:
+def train_val_split(data: LoggedData, key: jax.Array, val_fraction: float = 0.2) -> tuple[LoggedData, LoggedData]:
     """Random split by row into (train, validation).
 
     Args:
@@ -439,9 +456,7 @@ def train_val_split(
     return data.take(jnp.sort(perm[n_val:])), data.take(jnp.sort(perm[:n_val]))
 
 
-def minibatches(
-    data: LoggedData, key: jax.Array, batch_size: int, *, drop_last: bool = True
-) -> Iterator[LoggedData]:
+def minibatches(data: LoggedData, key: jax.Array, batch_size: int, *, drop_last: bool = True) -> Iterator[LoggedData]:
     """Shuffled minibatches of rows, one pass (an epoch).
 
     Args:

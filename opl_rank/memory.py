@@ -32,8 +32,15 @@ def available_bytes() -> int | None:
         return None
 
 
-def logged_data_bytes(n: int, n_items: int, ranking_length: int, context_dim: int, *,
-                      position_marginals: bool = False, item_mask: bool = False) -> int:
+def logged_data_bytes(
+    n: int,
+    n_items: int,
+    ranking_length: int,
+    context_dim: int,
+    *,
+    position_marginals: bool = False,
+    item_mask: bool = False,
+) -> int:
     """Bytes of a :class:`~opl_rank.data.LoggedData` of ``n`` rows: contexts ``[n, dx]``,
     rankings, rewards and prefix propensities ``[n, L]`` (4 bytes each), optional position
     marginals ``[n, L]`` and an item mask ``[n, D]`` (1 byte)."""
@@ -53,4 +60,5 @@ def require(needed: int, what: str, hint: str = "") -> None:
     if available is not None and needed > available:
         raise MemoryBudgetError(
             f"{what} needs about {needed / 2**30:.1f} GiB of memory, but {available / 2**30:.1f} GiB are available"
-            + (f"; {hint}" if hint else ""))
+            + (f"; {hint}" if hint else "")
+        )

@@ -29,7 +29,8 @@ import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +39,18 @@ import optax
 
 from opl_rank.data import LoggedData
 
-__all__ = ["TrainConfig", "TrainResult", "make_optimizer", "train", "train_jit", "minimize", "listen", "print_epoch", "OPTIMIZERS",
-           "data_mesh"]
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "make_optimizer",
+    "train",
+    "train_jit",
+    "minimize",
+    "listen",
+    "print_epoch",
+    "OPTIMIZERS",
+    "data_mesh",
+]
 
 LossFn = Callable[[Any, Any, jax.Array, Any], jax.Array]  # (params, batch, key, aux) -> scalar
 
@@ -109,9 +120,15 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+        if not (
+            isinstance(self.learning_rate, (int, float))
+            and self.learning_rate > 0
+            and math.isfinite(self.learning_rate)
+        ):
             raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
-        if self.patience is not None and (not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1):
+        if self.patience is not None and (
+            not isinstance(self.patience, int) or isinstance(self.patience, bool) or self.patience < 1
+        ):
             raise ValueError(f"patience must be None or a positive int, got {self.patience!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
@@ -194,9 +211,11 @@ def _rows_of(data: Any) -> dict[str, jax.Array]:
 def _with_rows(data: Any, rows: dict[str, jax.Array]) -> Any:
     if isinstance(data, tuple):
         logged, extras = data
-        extra_rows = {name[len(_EXTRA):]: value for name, value in rows.items() if name.startswith(_EXTRA)}
-        return (logged.replace(**{name: value for name, value in rows.items() if not name.startswith(_EXTRA)}),
-                {**extras, **extra_rows})
+        extra_rows = {name[len(_EXTRA) :]: value for name, value in rows.items() if name.startswith(_EXTRA)}
+        return (
+            logged.replace(**{name: value for name, value in rows.items() if not name.startswith(_EXTRA)}),
+            {**extras, **extra_rows},
+        )
     return data.replace(**rows) if isinstance(data, LoggedData) else {**data, **rows}
 
 
@@ -273,8 +292,15 @@ def train(
         params = optax.apply_updates(params, updates)
         # A non-finite parameter or optimiser moment (e.g. Adam's second moment overflowing)
         # would freeze silently: record it, and the caller raises naming the step.
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((params, opt_state))
-                                    if jnp.issubdtype(x.dtype, jnp.floating)]))
+        finite = jnp.all(
+            jnp.stack(
+                [
+                    jnp.all(jnp.isfinite(x))
+                    for x in jax.tree.leaves((params, opt_state))
+                    if jnp.issubdtype(x.dtype, jnp.floating)
+                ]
+            )
+        )
         return (params, opt_state), (loss, finite)
 
     def run_epoch(params, opt_state, k_epoch):
@@ -350,8 +376,9 @@ _STATIC = ("loss_fn", "optimizer", "epochs", "batch_size", "valid_loss_fn", "pat
 _train_compiled = jax.jit(train, static_argnames=_STATIC)
 
 
-def train_jit(loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, data: Any, key: jax.Array,
-              **options: Any) -> TrainResult:
+def train_jit(
+    loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, data: Any, key: jax.Array, **options: Any
+) -> TrainResult:
     """:func:`train`, jit-compiled (static: the functions, the optimiser and the ints).
 
     With ``devices`` set the concrete inputs are first replicated on the mesh's devices
@@ -363,7 +390,13 @@ def train_jit(loss_fn: LossFn, optimizer: optax.GradientTransformation, params: 
         return _train_compiled(loss_fn, optimizer, params, data, key, **options)
     mesh = data_mesh(devices)
     params, data, key = _replicate((params, data, key), mesh)
-    options.update({name: _replicate(options[name], mesh) for name in ("aux", "valid", "listener") if options.get(name) is not None})
+    options.update(
+        {
+            name: _replicate(options[name], mesh)
+            for name in ("aux", "valid", "listener")
+            if options.get(name) is not None
+        }
+    )
     with _partitioner_for(key):
         return _train_compiled(loss_fn, optimizer, params, data, key, **options)
 
@@ -393,8 +426,12 @@ def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
     for e in range(arrays["active"].shape[0]):
         if not arrays["active"][e]:
             break
-        records.append({"epoch": e + 1, **{name: float(v[e]) for name, v in arrays.items()
-                                           if name not in ("active", "nonfinite_step")}})
+        records.append(
+            {
+                "epoch": e + 1,
+                **{name: float(v[e]) for name, v in arrays.items() if name not in ("active", "nonfinite_step")},
+            }
+        )
     return records
 
 
@@ -458,9 +495,20 @@ def minimize(
     with contextlib.ExitStack() as stack:
         token = None if on_epoch is None else stack.enter_context(listen(on_epoch))
         result = train_jit(
-            loss_fn, optimizer or config.make_optimizer(), params, data, key,
-            epochs=config.epochs, batch_size=config.batch_size, aux=aux, valid=valid, valid_loss_fn=valid_loss_fn,
-            patience=config.patience, metrics_fn=metrics_fn, listener=token, devices=config.devices,
+            loss_fn,
+            optimizer or config.make_optimizer(),
+            params,
+            data,
+            key,
+            epochs=config.epochs,
+            batch_size=config.batch_size,
+            aux=aux,
+            valid=valid,
+            valid_loss_fn=valid_loss_fn,
+            patience=config.patience,
+            metrics_fn=metrics_fn,
+            listener=token,
+            devices=config.devices,
         )
         jax.block_until_ready(result)
     check_finite(result.history, name)

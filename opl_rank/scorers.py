@@ -7,7 +7,7 @@ set from a context. The ranking policies of :mod:`opl_rank.opl.policies` wrap th
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

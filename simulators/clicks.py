@@ -29,7 +29,8 @@ from flax import struct
 __all__ = [
     "BROWSING_MODELS",
     "ClickModel",
-    "ClickRewards", "ClickRewardModel",
+    "ClickRewards",
+    "ClickRewardModel",
     "relevance_probability",
     "joint_examination_from_swaps",
     "simulate_swap_intervention",
@@ -135,7 +136,9 @@ class ClickRewards(struct.PyTreeNode):
 
     def _examination(self, n_slots: int) -> jax.Array:
         if n_slots > self.click_model.n_positions:
-            raise ValueError(f"the click model covers {self.click_model.n_positions} positions, rankings have {n_slots}")
+            raise ValueError(
+                f"the click model covers {self.click_model.n_positions} positions, rankings have {n_slots}"
+            )
         return self.click_model.examination()[:n_slots]
 
     def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
@@ -143,7 +146,12 @@ class ClickRewards(struct.PyTreeNode):
         return self._examination(rankings.shape[-1])[None, :] * self.relevance_prob(context, rankings)
 
     def best_rankings(
-        self, context: jax.Array, position_weight: jax.Array, *, n_items: int, max_enumerated: int = 2_000_000,
+        self,
+        context: jax.Array,
+        position_weight: jax.Array,
+        *,
+        n_items: int,
+        max_enumerated: int = 2_000_000,
         beam_width: int = 64,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l p(l) rho_l(x, a)``: exact by enumerating every
@@ -155,7 +163,9 @@ class ClickRewards(struct.PyTreeNode):
         from simulators.environments import best_rankings_by_enumeration
 
         limit = min(max_enumerated, 200_000)
-        return best_rankings_by_enumeration(self.expected_reward, context, position_weight, n_items, max_enumerated=limit), "exact"
+        return best_rankings_by_enumeration(
+            self.expected_reward, context, position_weight, n_items, max_enumerated=limit
+        ), "exact"
 
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Clicks as float32 ``[n, L]``."""
@@ -196,7 +206,11 @@ def joint_examination_from_swaps(
     ratio = p_kept / p_swapped
     var_kept = p_kept * (1 - p_kept) / kept.size
     var_swapped = p_swapped * (1 - p_swapped) / swapped.size
-    se = theta2 * ratio * math.sqrt(var_kept / max(p_kept, 1e-300) ** 2 + var_swapped / p_swapped**2) if p_kept > 0 else math.nan
+    se = (
+        theta2 * ratio * math.sqrt(var_kept / max(p_kept, 1e-300) ** 2 + var_swapped / p_swapped**2)
+        if p_kept > 0
+        else math.nan
+    )
     return theta2 * ratio, se
 
 
@@ -285,7 +299,9 @@ def simulate_click_logs(
     """
     labels, mask, ranker_scores = np.asarray(labels), np.asarray(mask, bool), np.asarray(ranker_scores)
     if labels.shape != mask.shape or ranker_scores.shape != mask.shape or labels.ndim != 2:
-        raise ValueError(f"labels, mask and ranker_scores must share one [Q, D] shape, got {labels.shape}, {mask.shape}, {ranker_scores.shape}")
+        raise ValueError(
+            f"labels, mask and ranker_scores must share one [Q, D] shape, got {labels.shape}, {mask.shape}, {ranker_scores.shape}"
+        )
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     k = min(click_model.n_positions, labels.shape[1])
@@ -299,8 +315,14 @@ def simulate_click_logs(
     model = dataclasses.replace(click_model, n_positions=k)
     clicks, _, relevant = model.sample_clicks(key, jnp.asarray(rel_prob, jnp.float32))
     return ClickLogs(
-        query=query, docs=docs, mask=shown, clicks=np.asarray(clicks) & shown, relevant=np.asarray(relevant) & shown,
-        examination=np.asarray(model.examination()), joint_examination=np.asarray(model.joint_examination()),
+        query=query,
+        docs=docs,
+        mask=shown,
+        clicks=np.asarray(clicks) & shown,
+        relevant=np.asarray(relevant) & shown,
+        examination=np.asarray(model.examination()),
+        joint_examination=np.asarray(model.joint_examination()),
     )
+
 
 ClickRewardModel = ClickRewards  # its name before 0.2.0 (one release)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
-from opl_rank.pl import plackett_luce as pl
 from opl_rank.data import LoggedData
+from opl_rank.pl import plackett_luce as pl
 from simulators.rollout import PolicyValue
 
 __all__ = [
@@ -109,8 +110,18 @@ def get(name: str) -> EnvironmentSpec:
         raise ValueError(f"unknown simulator {name!r}; registered: {sorted(ENVIRONMENTS)}") from None
 
 
-def create(name: str, key: jax.Array, *, n_items: int, ranking_length: int, lam: float, tau: float,
-           logging_policy: Any, config: Any = None, options: Mapping[str, Any] | None = None) -> Any:
+def create(
+    name: str,
+    key: jax.Array,
+    *,
+    n_items: int,
+    ranking_length: int,
+    lam: float,
+    tau: float,
+    logging_policy: Any,
+    config: Any = None,
+    options: Mapping[str, Any] | None = None,
+) -> Any:
     """Build the registered environment ``name``: its factory gets ``options`` (over the
     spec's defaults; an unknown name is a ValueError listing the known ones), and ``lam`` /
     ``tau`` when its signature takes them."""
@@ -125,8 +136,9 @@ def create(name: str, key: jax.Array, *, n_items: int, ranking_length: int, lam:
     for paper, value in (("lam", lam), ("tau", tau)):
         if takes_any or paper in params:
             merged[paper] = value
-    return spec.create(key, n_items=n_items, ranking_length=ranking_length, logging_policy=logging_policy,
-                       config=config, **merged)
+    return spec.create(
+        key, n_items=n_items, ranking_length=ranking_length, logging_policy=logging_policy, config=config, **merged
+    )
 
 
 def best_rankings_by_enumeration(
@@ -168,8 +180,15 @@ def best_rankings_by_enumeration(
 def _common(n_items, ranking_length, lam, tau, logging_policy, config) -> dict[str, Any]:
     if logging_policy == "pl":  # the synthetic environment's default (the paper's PL-linear)
         logging_policy = None
-    return dict(n_items=n_items, ranking_length=ranking_length, lam=lam, sigma=config.sigma,
-                interaction_scale=config.interaction_scale, logging_temperature=tau, logging_policy=logging_policy)
+    return dict(
+        n_items=n_items,
+        ranking_length=ranking_length,
+        lam=lam,
+        sigma=config.sigma,
+        interaction_scale=config.interaction_scale,
+        logging_temperature=tau,
+        logging_policy=logging_policy,
+    )
 
 
 def _synthetic(key, *, n_items, ranking_length, lam, tau, logging_policy, config):
@@ -191,7 +210,10 @@ def _semi_synthetic(key, *, n_items, ranking_length, lam, tau, logging_policy, c
         _LETOR_CACHE.clear()
         _LETOR_CACHE[source] = load_letor(config.letor_path, normalize=config.letor_normalize, sha256=sha256)
     return SemiSyntheticEnv.create(
-        key, _LETOR_CACHE[source], eta_scale=config.eta_scale, forest_fraction=config.forest_fraction,
+        key,
+        _LETOR_CACHE[source],
+        eta_scale=config.eta_scale,
+        forest_fraction=config.forest_fraction,
         **_common(n_items, ranking_length, lam, tau, logging_policy, config),
     )
 
@@ -202,5 +224,9 @@ def _needs_letor_path(config) -> None:
 
 
 register("synthetic", EnvironmentSpec(_synthetic, logging_policies=("pl", "uniform")))
-register("semi_synthetic", EnvironmentSpec(_semi_synthetic, logging_policies=("random_forest", "uniform"),
-                                           repeats_contexts=True, check=_needs_letor_path))
+register(
+    "semi_synthetic",
+    EnvironmentSpec(
+        _semi_synthetic, logging_policies=("random_forest", "uniform"), repeats_contexts=True, check=_needs_letor_path
+    ),
+)

@@ -37,12 +37,13 @@ failure-only token scan also at about 13-15 MB/s (about 7 s for a 100 MB file).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
-import hashlib
 import os
 from array import array
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -263,9 +264,7 @@ def load_letor(
     from sklearn.datasets import load_svmlight_file
 
     try:
-        x, y = load_svmlight_file(
-            path, n_features=n_features, dtype=np.float64, zero_based=False, query_id=False
-        )
+        x, y = load_svmlight_file(path, n_features=n_features, dtype=np.float64, zero_based=False, query_id=False)
     except (ValueError, OverflowError) as err:
         found = _locate_feature_error(path, n_features)
         if found is None:
@@ -285,7 +284,9 @@ def load_letor(
         row = int(np.searchsorted(x.indptr, bad[0], side="right")) - 1
         col = int(x.indices[bad[0]])
         value = x.data[bad[0]]
-        raise _located(path, int(linenos[row]), f"feature {col + 1} value {value} is not finite{_beyond_float32(value)}")
+        raise _located(
+            path, int(linenos[row]), f"feature {col + 1} value {value} is not finite{_beyond_float32(value)}"
+        )
 
     # Group by qid (first-appearance order) and find each document's slot in its query.
     n_docs = qids_per_doc.shape[0]
@@ -311,8 +312,7 @@ def load_letor(
     d_max = int(kept_counts.max() if max_docs is None else min(kept_counts.max(), max_docs))
     n_q = int(keep_query.sum())
     width = int(x.shape[1])
-    _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes,
-                      group, keep_query, counts)
+    _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes, group, keep_query, counts)
 
     rows = np.flatnonzero(keep_doc)
     q_of, d_of = new_index[group[rows]], slot[rows]
@@ -325,7 +325,9 @@ def load_letor(
     sel = keep_doc[entry_rows]
     entry_rows = entry_rows[sel]
     features = np.zeros((n_q, d_max, width), np.float32)
-    features[new_index[group[entry_rows]], slot[entry_rows], np.asarray(coo.col)[sel]] = coo.data[sel].astype(np.float32)
+    features[new_index[group[entry_rows]], slot[entry_rows], np.asarray(coo.col)[sel]] = coo.data[sel].astype(
+        np.float32
+    )
 
     if normalize is not None:
         features = normalize_per_query(features, mask, method=normalize)
@@ -343,8 +345,9 @@ def _gib(n_bytes: int) -> str:
     return f"{n_bytes / 1024**3:.3g} GiB"
 
 
-def _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes,
-                      group, keep_query, counts) -> None:
+def _check_dense_size(
+    path, x, linenos, n_features, n_q, d_max, width, max_dense_bytes, group, keep_query, counts
+) -> None:
     """Raises before allocating padded arrays larger than ``max_dense_bytes``."""
     need = n_q * d_max * (4 * width + 4 + 1)  # features float32, labels float32, mask bool
     if need <= max_dense_bytes:
@@ -357,8 +360,10 @@ def _check_dense_size(path, x, linenos, n_features, n_q, d_max, width, max_dense
     else:
         big = int(np.flatnonzero(keep_query)[np.argmax(counts[keep_query])])  # longest kept query
         row = int(np.flatnonzero(group == big)[0])
-        where = (f"line {int(linenos[row])}: the longest query ({int(counts[big])} documents) starts here, "
-                 f"with width F={width}")
+        where = (
+            f"line {int(linenos[row])}: the longest query ({int(counts[big])} documents) starts here, "
+            f"with width F={width}"
+        )
     raise ValueError(
         f"{path}, {where}; the dense {shape} would need {_gib(need)} ({need} bytes), above "
         f"max_dense_bytes={max_dense_bytes} ({_gib(max_dense_bytes)}). Check that line, pass "
@@ -430,9 +435,7 @@ def take_queries(data: LetorData, idx) -> LetorData:
     )
 
 
-def split_queries(
-    data: LetorData, fractions: Sequence[float] = (0.8, 0.2), *, seed: int = 0
-) -> tuple[LetorData, ...]:
+def split_queries(data: LetorData, fractions: Sequence[float] = (0.8, 0.2), *, seed: int = 0) -> tuple[LetorData, ...]:
     """Randomly partitions the queries into parts of the given fractions.
 
     Every query lands in exactly one part; part sizes are the rounded cumulative

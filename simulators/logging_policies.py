@@ -9,7 +9,8 @@ samples PL rankings from those logits. Built-in policies are pytrees (they pass 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +34,7 @@ class PlackettLuceLinear(struct.PyTreeNode):
     temperature: jax.Array  # [] float32
 
     @classmethod
-    def random(
-        cls, key: jax.Array, n_items: int, context_dim: int, temperature: float = 1.0
-    ) -> "PlackettLuceLinear":
+    def random(cls, key: jax.Array, n_items: int, context_dim: int, temperature: float = 1.0) -> PlackettLuceLinear:
         """theta0, b0 ~ U(0, 1) as in the paper.
 
         Examples:
@@ -80,8 +79,9 @@ class CallableLogging:
     the returned logits.
     """
 
-    def __init__(self, fn: Callable[..., Any], n_items: int, temperature: float = 1.0,
-                 ranking_length: int | None = None):
+    def __init__(
+        self, fn: Callable[..., Any], n_items: int, temperature: float = 1.0, ranking_length: int | None = None
+    ):
         if not callable(fn):
             raise TypeError(f"logging policy must be callable, got {type(fn).__name__}")
         if temperature <= 0:

@@ -9,17 +9,17 @@ chunk everything is vectorised; there is no Python loop over rows.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from opl_rank import memory
-
+from opl_rank.opl.policies import MIN_MARGINAL
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
-from opl_rank.opl.policies import MIN_MARGINAL
 
 __all__ = [
     "GroundTruthRewards",
@@ -83,7 +83,8 @@ def _check_memory(n: int, n_items: int, n_slots: int, context_dim: int, position
         memory.ASSEMBLY_COPIES * per_copy,
         f"simulating n={n:,} logged rows (D={n_items}, L={n_slots}, dx={context_dim}"
         f"{', with position marginals' if marginal else ''})",
-        f"use a smaller n (about {fits:,} fit here) or simulate in parts")
+        f"use a smaller n (about {fits:,} fit here) or simulate in parts",
+    )
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
@@ -123,9 +124,7 @@ def rollout_logging_policy(
       ``log_pi0_prefix [n, L]`` and, if asked, ``log_pi0_position_marginal [n, L]``.
     """
     if position_marginals not in POSITION_MARGINAL_MODES:
-        raise ValueError(
-            f"position_marginals must be one of {POSITION_MARGINAL_MODES}, got {position_marginals!r}"
-        )
+        raise ValueError(f"position_marginals must be one of {POSITION_MARGINAL_MODES}, got {position_marginals!r}")
     if not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     per_row = n_items

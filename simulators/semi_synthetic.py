@@ -34,7 +34,14 @@ from simulators.letor import LetorData
 from simulators.logging_policies import UniformLogging, as_logging_policy
 from simulators.synthetic import InteractionRewards, SyntheticRankingEnv, check_environment_args, symmetric_interaction
 
-__all__ = ["SemiSyntheticRewards", "SemiSyntheticRewardModel", "TableLogging", "SemiSyntheticEnv", "LOGGING_POLICIES", "forest_relevance_scores"]
+__all__ = [
+    "SemiSyntheticRewards",
+    "SemiSyntheticRewardModel",
+    "TableLogging",
+    "SemiSyntheticEnv",
+    "LOGGING_POLICIES",
+    "forest_relevance_scores",
+]
 
 LOGGING_POLICIES = ("random_forest", "uniform")
 
@@ -116,7 +123,7 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
         logging_temperature: float = 1.0,
         forest_fraction: float = 0.1,
         forest_options: dict[str, Any] | None = None,
-    ) -> "SemiSyntheticEnv":
+    ) -> SemiSyntheticEnv:
         """Build the environment from a LETOR data set.
 
         Args:
@@ -142,8 +149,14 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
           The environment.
         """
         position_weight = check_environment_args(
-            n_items, ranking_length, lam, logging_temperature, position_weight,
-            sigma=sigma, eta_scale=eta_scale, interaction_scale=interaction_scale,
+            n_items,
+            ranking_length,
+            lam,
+            logging_temperature,
+            position_weight,
+            sigma=sigma,
+            eta_scale=eta_scale,
+            interaction_scale=interaction_scale,
         )
         if not 0.0 < forest_fraction <= 1.0:
             raise ValueError(f"forest_fraction must be in (0, 1], got {forest_fraction}")
@@ -153,7 +166,9 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
         counts = np.asarray(letor.mask).sum(axis=1)
         keep = np.flatnonzero(counts >= n_items)
         if keep.size == 0:
-            raise ValueError(f"no query of {letor.path!r} has n_items={n_items} documents (most: {int(counts.max(initial=0))})")
+            raise ValueError(
+                f"no query of {letor.path!r} has n_items={n_items} documents (most: {int(counts.max(initial=0))})"
+            )
         k_docs, k_eta, k_w, k_forest = jax.random.split(key, 4)
         rng = np.random.default_rng(np.asarray(jax.random.randint(k_docs, (2,), 0, 2**31 - 1)))
         picks = np.stack([rng.choice(int(counts[q]), size=n_items, replace=False) for q in keep])  # [Q, D]
@@ -231,5 +246,6 @@ def forest_relevance_scores(
     forest = RandomForestRegressor(**settings).fit(x, y)
     flat = np.asarray(features, np.float32).reshape(-1, features.shape[-1])
     return forest.predict(flat).reshape(features.shape[:-1]).astype(np.float32)
+
 
 SemiSyntheticRewardModel = SemiSyntheticRewards  # its name before 0.2.0 (one release)

@@ -16,21 +16,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from opl_rank.opl import completion
-from opl_rank.pl import plackett_luce as pl
 from opl_rank.data import LoggedData
 from opl_rank.metrics import dcg_position_weights
+from opl_rank.opl import completion
+from opl_rank.pl import plackett_luce as pl
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 
-__all__ = ["InteractionRewards", "SyntheticRewards", "SyntheticRewardModel", "SyntheticRankingEnv", "symmetric_interaction"]
+__all__ = [
+    "InteractionRewards",
+    "SyntheticRewards",
+    "SyntheticRewardModel",
+    "SyntheticRankingEnv",
+    "symmetric_interaction",
+]
 
 
 class InteractionRewards:
@@ -59,8 +66,14 @@ class InteractionRewards:
         return self.base_reward(context, rankings) + self.lam * self.interaction_sum(rankings)
 
     def best_rankings(
-        self, context: jax.Array, position_weight: jax.Array, *, n_items: int | None = None,
-        max_enumerated: int = 2_000_000, beam_width: int = 64, interaction_t: jax.Array | None = None,
+        self,
+        context: jax.Array,
+        position_weight: jax.Array,
+        *,
+        n_items: int | None = None,
+        max_enumerated: int = 2_000_000,
+        beam_width: int = 64,
+        interaction_t: jax.Array | None = None,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
 
@@ -99,18 +112,19 @@ class InteractionRewards:
         if not _has_interactions(self.lam, self.interaction):
             # Rearrangement: the largest base rewards on the largest weights.
             top = jax.lax.top_k(base, n_slots)[1].astype(jnp.int32)  # [n, L], largest first
-            slot_rank = jnp.argsort(jnp.argsort(-alpha, stable=True), stable=True)  # slot l gets the slot_rank[l]-th largest
+            slot_rank = jnp.argsort(
+                jnp.argsort(-alpha, stable=True), stable=True
+            )  # slot l gets the slot_rank[l]-th largest
             return top[:, slot_rank], "exact-sort"
-        return completion.best_rankings_beam(base, self.interaction, alpha, beam_width=beam_width, scale=self.lam,
-                                             v_t=interaction_t), "beam"
+        return completion.best_rankings_beam(
+            base, self.interaction, alpha, beam_width=beam_width, scale=self.lam, v_t=interaction_t
+        ), "beam"
 
     def sample_reward(self, key: jax.Array, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """Realised ``r_l``: ``[n, dx], [n, L] -> [n, L]``; fresh X_l and noise per call."""
         k_switch, k_noise = jax.random.split(key)
         switch = jax.random.uniform(k_switch, rankings.shape) <= self.lam  # 1{X_l <= lambda}
-        mean = self.base_reward(context, rankings) + jnp.where(
-            switch, self.interaction_sum(rankings), 0.0
-        )
+        mean = self.base_reward(context, rankings) + jnp.where(switch, self.interaction_sum(rankings), 0.0)
         return mean + self.sigma * jax.random.normal(k_noise, rankings.shape, jnp.float32)
 
 
@@ -189,7 +203,7 @@ class SyntheticRankingEnv:
         position_weight: Any = None,
         logging_temperature: float = 1.0,
         logging_policy: Any = None,
-    ) -> "SyntheticRankingEnv":
+    ) -> SyntheticRankingEnv:
         """Draw an environment.
 
         Args:
@@ -212,8 +226,14 @@ class SyntheticRankingEnv:
         """
         _check_int("context_dim", context_dim, 1)
         position_weight = check_environment_args(
-            n_items, ranking_length, lam, logging_temperature, position_weight,
-            sigma=sigma, interaction_scale=interaction_scale, bias_scale=bias_scale,
+            n_items,
+            ranking_length,
+            lam,
+            logging_temperature,
+            position_weight,
+            sigma=sigma,
+            interaction_scale=interaction_scale,
+            bias_scale=bias_scale,
         )
 
         k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
@@ -243,13 +263,11 @@ class SyntheticRankingEnv:
         )
 
     # -- variations without redrawing parameters -----------------------------------------
-    def with_lambda(self, lam: float) -> "SyntheticRankingEnv":
+    def with_lambda(self, lam: float) -> SyntheticRankingEnv:
         """The same items and logging policy with another interaction strength."""
         if not 0.0 <= lam <= 1.0:
             raise ValueError(f"lam must be in [0, 1], got {lam}")
-        return dataclasses.replace(
-            self, reward_model=self.reward_model.replace(lam=jnp.asarray(lam, jnp.float32))
-        )
+        return dataclasses.replace(self, reward_model=self.reward_model.replace(lam=jnp.asarray(lam, jnp.float32)))
 
     # -- sampling ------------------------------------------------------------------------
     def sample_contexts(self, key: jax.Array, n: int) -> jax.Array:
@@ -335,9 +353,12 @@ class SyntheticRankingEnv:
         """Ground-truth ``V(pi_0)`` of the logging policy."""
         return self.policy_value(self.logging_policy_sampler(), key, n_contexts, progress=progress)
 
-
     def best_rankings(
-        self, context: jax.Array, *, max_enumerated: int = 2_000_000, beam_width: int = 64,
+        self,
+        context: jax.Array,
+        *,
+        max_enumerated: int = 2_000_000,
+        beam_width: int = 64,
         interaction_t: jax.Array | None = None,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context: the reward model's
@@ -347,25 +368,44 @@ class SyntheticRankingEnv:
           ``(rankings [n, L] int32, how they were found)``.
         """
         return self.reward_model.best_rankings(
-            context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width,
+            context,
+            self.position_weight,
+            n_items=self.n_items,
+            max_enumerated=max_enumerated,
+            beam_width=beam_width,
             **({} if interaction_t is None else {"interaction_t": interaction_t}),
         )
 
     def optimal_value(
-        self, key: jax.Array, n_contexts: int = 20_000, *, max_enumerated: int = 2_000_000, beam_width: int = 64,
+        self,
+        key: jax.Array,
+        n_contexts: int = 20_000,
+        *,
+        max_enumerated: int = 2_000_000,
+        beam_width: int = 64,
         progress: Callable[[int], None] | None = None,
     ) -> tuple[PolicyValue, str]:
         """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`; W^T is formed
         once for all the chunks of contexts)."""
         methods = set()
         extra = {}
-        if isinstance(self.reward_model, InteractionRewards) and math.perm(self.n_items, self.ranking_length) > max_enumerated:
-            extra["interaction_t"] = jnp.transpose(self.reward_model.interaction) + 0.0  # other reward models: as they are
+        if (
+            isinstance(self.reward_model, InteractionRewards)
+            and math.perm(self.n_items, self.ranking_length) > max_enumerated
+        ):
+            extra["interaction_t"] = (
+                jnp.transpose(self.reward_model.interaction) + 0.0
+            )  # other reward models: as they are
 
         def best(key, context):
             rankings, method = self.reward_model.best_rankings(
-                context, self.position_weight, n_items=self.n_items, max_enumerated=max_enumerated, beam_width=beam_width,
-                **extra)
+                context,
+                self.position_weight,
+                n_items=self.n_items,
+                max_enumerated=max_enumerated,
+                beam_width=beam_width,
+                **extra,
+            )
             methods.add(method)
             return rankings
 
@@ -402,5 +442,6 @@ def check_environment_args(
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
 
 SyntheticRewardModel = SyntheticRewards  # its name before 0.2.0 (one release)

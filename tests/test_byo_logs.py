@@ -12,14 +12,22 @@ import pytest
 
 from experiments.cli import main
 from opl_rank import LoggedData, PLPolicy, RegressionPolicy, TwoStagePolicy, greedy_rankings, make_key
-from opl_rank.metrics import dcg_position_weights
 from opl_rank.io.persistence import load_policy, read_policy_spec, save_policy
+from opl_rank.metrics import dcg_position_weights
 from opl_rank.opl.reward_models import RewardModel, _SlotValues
 from opl_rank.scorers import make_scorer
 
 D, L, N = 5, 3, 2000
-FIELDS = ("context", "ranking", "reward", "log_pi0_prefix", "position_weight", "log_pi0_position_marginal",
-          "item_features", "item_mask")
+FIELDS = (
+    "context",
+    "ranking",
+    "reward",
+    "log_pi0_prefix",
+    "position_weight",
+    "log_pi0_position_marginal",
+    "item_features",
+    "item_mask",
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +74,15 @@ def test_pandas_parquet_csv_round_trips_are_exact(logs, tmp_path):
 
 
 def small_frame():
-    return pd.DataFrame({
-        "query_id": ["a", "b", "c"],  # other columns are ignored
-        "context": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]],
-        "ranking": [[0, 2], [1, 0], [3, 1]],
-        "reward": [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
-        "pi0_prefix": [[0.5, 0.25], [0.4, 0.2], [0.3, 0.1]],
-    })
+    return pd.DataFrame(
+        {
+            "query_id": ["a", "b", "c"],  # other columns are ignored
+            "context": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]],
+            "ranking": [[0, 2], [1, 0], [3, 1]],
+            "reward": [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]],
+            "pi0_prefix": [[0.5, 0.25], [0.4, 0.2], [0.3, 0.1]],
+        }
+    )
 
 
 def test_probabilities_defaults_and_text_cells():
@@ -100,19 +110,23 @@ def edit(column, row, value):
     def apply(frame):
         frame.at[row, column] = value
         return frame
+
     return apply
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda f: f.drop(columns="reward"), "missing column 'reward'"),
-    (lambda f: f.drop(columns="pi0_prefix"), "missing column 'log_pi0_prefix' (or 'pi0_prefix')"),
-    (edit("ranking", 1, [1]), "column 'ranking': row 1 has length 1, expected 2"),
-    (edit("pi0_prefix", 2, [1.2, 0.1]), "column 'pi0_prefix': row 2 slot 0 holds 1.2 > 1"),
-    (edit("reward", 1, [float("nan"), 1.0]), "column 'reward': row 1 slot 0 is NaN"),
-    (edit("ranking", 2, [1, 1]), "column 'ranking': repeats an item within a row (1 rows), first row 2"),
-    (edit("context", 0, "0.1 x"), "column 'context': row 0 holds '0.1 x', not a list"),
-    (lambda f: f.assign(n_items=[4, 4, 5]), "column 'n_items': row 2 must hold the same value"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda f: f.drop(columns="reward"), "missing column 'reward'"),
+        (lambda f: f.drop(columns="pi0_prefix"), "missing column 'log_pi0_prefix' (or 'pi0_prefix')"),
+        (edit("ranking", 1, [1]), "column 'ranking': row 1 has length 1, expected 2"),
+        (edit("pi0_prefix", 2, [1.2, 0.1]), "column 'pi0_prefix': row 2 slot 0 holds 1.2 > 1"),
+        (edit("reward", 1, [float("nan"), 1.0]), "column 'reward': row 1 slot 0 is NaN"),
+        (edit("ranking", 2, [1, 1]), "column 'ranking': repeats an item within a row (1 rows), first row 2"),
+        (edit("context", 0, "0.1 x"), "column 'context': row 0 holds '0.1 x', not a list"),
+        (lambda f: f.assign(n_items=[4, 4, 5]), "column 'n_items': row 2 must hold the same value"),
+    ],
+)
 def test_table_errors_name_the_column_and_the_row(change, message):
     with pytest.raises(ValueError) as err:
         LoggedData.from_pandas(change(small_frame()))
@@ -216,8 +230,29 @@ def test_fit_evaluate_rank_end_to_end(logs, tmp_path, capsys):
 
     data_path, policy_dir = tmp_path / "logs.parquet", tmp_path / "policy"
     logs.to_parquet(data_path)
-    assert main(["fit", "--data", str(data_path), "--method", "rpod", "--k", "auto", "--k-candidates", "0,1",
-                 "--out", str(policy_dir), "--epochs", "3", "--reward-epochs", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--data",
+                str(data_path),
+                "--method",
+                "rpod",
+                "--k",
+                "auto",
+                "--k-candidates",
+                "0,1",
+                "--out",
+                str(policy_dir),
+                "--epochs",
+                "3",
+                "--reward-epochs",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     fitted = json.loads(capsys.readouterr().out)
     assert fitted["k"] in (0, 1) and [row["k"] for row in fitted["k_selection"]] == [0, 1]
     assert fitted["policy"] == ("RegressionPolicy" if fitted["k"] == 0 else "TwoStagePolicy")
@@ -237,8 +272,10 @@ def test_fit_evaluate_rank_end_to_end(logs, tmp_path, capsys):
     contexts = pd.DataFrame({"id": np.arange(50), "context": list(np.asarray(logs.context[:50]))})
     contexts.to_parquet(tmp_path / "contexts.parquet")
     out = tmp_path / "rankings.parquet"
-    assert main(["rank", "--policy", str(policy_dir), "--contexts", str(tmp_path / "contexts.parquet"),
-                 "--out", str(out)]) == 0
+    assert (
+        main(["rank", "--policy", str(policy_dir), "--contexts", str(tmp_path / "contexts.parquet"), "--out", str(out)])
+        == 0
+    )
     ranked = pd.read_parquet(out)
     assert list(ranked.columns) == ["id", "ranking"] and ranked["id"].tolist() == list(range(50))
     expected = np.asarray(greedy_rankings(policy, logs.context[:50]))
@@ -253,11 +290,27 @@ def test_cli_errors_name_the_option(logs, tmp_path, capsys):
     small_frame().assign(ranking=[[0, 2], [1], [3, 1]]).to_parquet(ragged)
     cases = [
         (["fit", "--data", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "p")], "--data ", "no such file"),
-        (["fit", "--data", str(data_path), "--k", "7", "--out", str(tmp_path / "p")], "--k must be 'auto' or an int in [0, L=3]", ""),
-        (["fit", "--data", str(data_path), "--method", "ips", "--k", "1", "--out", str(tmp_path / "p")], "--k is only for --method rpod", ""),
-        (["fit", "--data", str(ragged), "--out", str(tmp_path / "p")], "ragged.parquet: column 'ranking': row 1 has length 1", "--data"),
+        (
+            ["fit", "--data", str(data_path), "--k", "7", "--out", str(tmp_path / "p")],
+            "--k must be 'auto' or an int in [0, L=3]",
+            "",
+        ),
+        (
+            ["fit", "--data", str(data_path), "--method", "ips", "--k", "1", "--out", str(tmp_path / "p")],
+            "--k is only for --method rpod",
+            "",
+        ),
+        (
+            ["fit", "--data", str(ragged), "--out", str(tmp_path / "p")],
+            "ragged.parquet: column 'ranking': row 1 has length 1",
+            "--data",
+        ),
         (["fit", "--data", str(tmp_path / "logs.txt"), "--out", str(tmp_path / "p")], "--data ", "no such file"),
-        (["evaluate", "--policy", str(tmp_path / "nowhere"), "--data", str(data_path)], "--policy ", "no such policy directory"),
+        (
+            ["evaluate", "--policy", str(tmp_path / "nowhere"), "--data", str(data_path)],
+            "--policy ",
+            "no such policy directory",
+        ),
     ]
     for args, first, second in cases:
         assert main(args) == 2, args

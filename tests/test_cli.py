@@ -30,7 +30,8 @@ def test_simulate_saves_loadable_data(tmp_path, capsys):
 
 
 def test_simulate_with_user_logging_policy(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_policies.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_policies.py").write_text(
+        textwrap.dedent("""
         import numpy as np
         def prefer_first(context, items):
             out = np.zeros((context.shape[0], items.shape[0]))
@@ -38,7 +39,8 @@ def test_simulate_with_user_logging_policy(tmp_path, monkeypatch, capsys):
             return out
         def wrong_shape(context, items):
             return np.zeros((context.shape[0], 2))
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     args = ["simulate", "--n", "40", "-D", "5", "-L", "2", "--value-contexts", "100", "--json"]
     assert main(args + ["--logging-policy", "my_policies:prefer_first"]) == 0
@@ -73,8 +75,23 @@ def test_load_callable_rejects_non_callables():
 @pytest.mark.slow
 def test_console_script_module_runs():
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", "simulate", "--n", "30", "-D", "4", "-L", "2", "--value-contexts", "50"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "experiments.cli",
+            "simulate",
+            "--n",
+            "30",
+            "-D",
+            "4",
+            "-L",
+            "2",
+            "--value-contexts",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert "logging_policy_value" in proc.stdout
@@ -89,8 +106,20 @@ def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
 
     data = datasets.path("yahoo_sample")
     out = tmp_path / "ltr"
-    args = ["ltr", "--config", LTR_CONFIG, "--set", f"data={data}", "--set", "epochs=3",
-            "--set", "hidden=[8]", "--set", f"output_dir={out}", "--json"]
+    args = [
+        "ltr",
+        "--config",
+        LTR_CONFIG,
+        "--set",
+        f"data={data}",
+        "--set",
+        "epochs=3",
+        "--set",
+        "hidden=[8]",
+        "--set",
+        f"output_dir={out}",
+        "--json",
+    ]
     assert main(args) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])

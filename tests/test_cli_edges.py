@@ -12,19 +12,58 @@ import pytest
 from experiments import progress
 from experiments.cli import build_parser, main
 
-SWEEP_COLUMNS = ["simulator", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
-                 "V", "V_se", "V0", "V_star", "V_star_method", "normalized_gain", "fit_seconds"]
+SWEEP_COLUMNS = [
+    "simulator",
+    "method",
+    "k",
+    "reward_model",
+    "lambda",
+    "n",
+    "D",
+    "L",
+    "tau",
+    "seed",
+    "V",
+    "V_se",
+    "V0",
+    "V_star",
+    "V_star_method",
+    "normalized_gain",
+    "fit_seconds",
+]
 
 
 def _sweep_rows(ns=(1000,)):
     rows = []
     for n in ns:
-        for (method, k, model), gains in {("regression", None, "additive"): [0.9, 0.92], ("rpod", 1, "additive"): [0.95, 0.97],
-                                          ("rpod", 0, "additive"): [0.9, 0.92], ("ips", None, "-"): [0.2, 0.3]}.items():
+        for (method, k, model), gains in {
+            ("regression", None, "additive"): [0.9, 0.92],
+            ("rpod", 1, "additive"): [0.95, 0.97],
+            ("rpod", 0, "additive"): [0.9, 0.92],
+            ("ips", None, "-"): [0.2, 0.3],
+        }.items():
             for seed, g in enumerate(gains):
-                rows.append(dict(simulator="synthetic", method=method, k=k, reward_model=model, **{"lambda": 0.5}, n=n,
-                                 D=10, L=5, tau=1.0, seed=seed, V=g, V_se=0.01, V0=0.0, V_star=1.0,
-                                 V_star_method="exact", normalized_gain=g, fit_seconds=1.0))
+                rows.append(
+                    dict(
+                        simulator="synthetic",
+                        method=method,
+                        k=k,
+                        reward_model=model,
+                        **{"lambda": 0.5},
+                        n=n,
+                        D=10,
+                        L=5,
+                        tau=1.0,
+                        seed=seed,
+                        V=g,
+                        V_se=0.01,
+                        V0=0.0,
+                        V_star=1.0,
+                        V_star_method="exact",
+                        normalized_gain=g,
+                        fit_seconds=1.0,
+                    )
+                )
     return rows
 
 
@@ -41,9 +80,20 @@ def _write_csv(path, rows, columns):
 
 
 def test_report_on_a_pairwise_table_says_what_it_is(tmp_path, capsys):
-    path = _write_csv(tmp_path / "results.csv", [dict(browsing="independent", truncation=10, seed=0, n_lists=5,
-                                                      variant="biased", **{"ndcg@10": 0.4, "map": 0.3})],
-                      ["browsing", "truncation", "seed", "n_lists", "variant", "ndcg@10", "map"])
+    path = _write_csv(
+        tmp_path / "results.csv",
+        [
+            dict(
+                browsing="independent",
+                truncation=10,
+                seed=0,
+                n_lists=5,
+                variant="biased",
+                **{"ndcg@10": 0.4, "map": 0.3},
+            )
+        ],
+        ["browsing", "truncation", "seed", "n_lists", "variant", "ndcg@10", "map"],
+    )
     (tmp_path / "report.md").write_text("# Pairwise\n")
     assert main(["report", str(path)]) == 2
     err = capsys.readouterr().err
@@ -101,8 +151,12 @@ def test_plots_are_readable_with_one_n(tmp_path):
     plt.close("all")
     paths = write_plots(_sweep_rows(ns=(1000,)), str(tmp_path), show=True)  # show: the figures stay open here
     try:
-        assert sorted(p.rsplit("/", 1)[-1] for p in paths) == ["gain_vs_k.png", "gain_vs_lambda.png", "gain_vs_n.png",
-                                                                  "value_vs_k.png"]
+        assert sorted(p.rsplit("/", 1)[-1] for p in paths) == [
+            "gain_vs_k.png",
+            "gain_vs_lambda.png",
+            "gain_vs_n.png",
+            "value_vs_k.png",
+        ]
         for path in paths:
             with Image.open(path) as image:
                 assert min(image.info["dpi"]) >= 100
@@ -155,15 +209,34 @@ def test_simulate_out_into_a_missing_folder_says_so(tmp_path, capsys):
 
 
 def test_user_policy_errors_speak_of_batches_not_of_n(tmp_path, monkeypatch, capsys):
-    (tmp_path / "edge_policies.py").write_text(textwrap.dedent("""
+    (tmp_path / "edge_policies.py").write_text(
+        textwrap.dedent("""
         import numpy as np
         def two_columns(context, items):
             return np.zeros((context.shape[0], 2))
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     n = 3000  # more rows than one batch of the simulator (exact position marginals)
-    assert main(["simulate", "--n", str(n), "-D", "5", "-L", "2", "--value-contexts", "10", "--quiet",
-                 "--logging-policy", "edge_policies:two_columns"]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "--n",
+                str(n),
+                "-D",
+                "5",
+                "-L",
+                "2",
+                "--value-contexts",
+                "10",
+                "--quiet",
+                "--logging-policy",
+                "edge_policies:two_columns",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "expected [n, D]: one row per context and D=5 columns" in err and "it was given a batch of" in err
 
@@ -173,8 +246,13 @@ def test_user_policy_errors_speak_of_batches_not_of_n(tmp_path, monkeypatch, cap
 
 def test_every_long_command_takes_quiet():
     parser = build_parser()
-    for command in (["simulate"], ["sweep", "--config", "c"], ["pairwise", "--config", "c"], ["ltr", "--config", "c"],
-                    ["fit", "--data", "d", "--out", "o"]):
+    for command in (
+        ["simulate"],
+        ["sweep", "--config", "c"],
+        ["pairwise", "--config", "c"],
+        ["ltr", "--config", "c"],
+        ["fit", "--data", "d", "--out", "o"],
+    ):
         assert parser.parse_args([*command, "--quiet"]).quiet is True
         assert parser.parse_args(command).quiet is False
 
@@ -221,8 +299,9 @@ def test_fit_epochs_show_in_the_step_bar():
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=4, ranking_length=2)
     data = env.sample_logged_data(make_key(1), 200)
-    config = LearnerConfig("rpod", k=1, train=TrainConfig(epochs=3, batch_size=64),
-                           reward_train=TrainConfig(epochs=2, batch_size=64))
+    config = LearnerConfig(
+        "rpod", k=1, train=TrainConfig(epochs=3, batch_size=64), reward_train=TrainConfig(epochs=2, batch_size=64)
+    )
     with progress.bar(2, desc="job", unit="step", stream=io.StringIO()) as b:
         steps = progress.Steps(b)
         steps("rpod(k=1)")
@@ -234,9 +313,32 @@ def test_fit_epochs_show_in_the_step_bar():
 
 @pytest.mark.slow
 def test_sweep_cells_show_their_steps(tmp_path, capsys):
-    tiny = ["--set", "n_items=4", "--set", "ranking_length=2", "--set", "lam=0.5", "--set", "n=200", "--set", "seeds=0", "--set", "ks=0,1",
-            "--set", "methods=ips,regression", "--set", "reward_models=additive", "--set", "eval_contexts=200",
-            "--set", "policy_epochs=2", "--set", "reward_epochs=2", "--set", "batch_size=64"]
+    tiny = [
+        "--set",
+        "n_items=4",
+        "--set",
+        "ranking_length=2",
+        "--set",
+        "lam=0.5",
+        "--set",
+        "n=200",
+        "--set",
+        "seeds=0",
+        "--set",
+        "ks=0,1",
+        "--set",
+        "methods=ips,regression",
+        "--set",
+        "reward_models=additive",
+        "--set",
+        "eval_contexts=200",
+        "--set",
+        "policy_epochs=2",
+        "--set",
+        "reward_epochs=2",
+        "--set",
+        "batch_size=64",
+    ]
     args = ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", *tiny]
     assert main([*args, "--set", f"output_dir={tmp_path / 'a'}"]) == 0
     captured = capsys.readouterr()

@@ -41,7 +41,9 @@ def test_click_model_errors_and_relevance_probability():
         ClickModel("independent", 5, eta=-1.0)
     with pytest.raises(ValueError, match=r"relevance_prob must be \[n, K=5\]"):
         ClickModel("independent", 5).sample_clicks(make_key(0), jnp.zeros((3, 4)))
-    np.testing.assert_allclose(np.asarray(relevance_probability(jnp.arange(5))), [0, 1 / 15, 3 / 15, 7 / 15, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(relevance_probability(jnp.arange(5))), [0, 1 / 15, 3 / 15, 7 / 15, 1.0], rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("browsing", ["independent", "continuous"])

@@ -35,8 +35,14 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _hits(cache_dir: Path) -> int:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(cache_dir)], cwd=ROOT, env=_clean_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(cache_dir)],
+        cwd=ROOT,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])["hits"]
 
@@ -70,8 +76,14 @@ def test_bad_arguments_name_themselves(tmp_path):
 def test_the_cli_uses_the_cache_unless_turned_off(tmp_path, setting):
     cache = tmp_path / "cache"
     env = _clean_env(**{CACHE_ENV: str(cache) if setting == "dir" else ""}, HOME=str(tmp_path / "home"))
-    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "simulate", "--n", "200", "--json"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "simulate", "--n", "200", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     written = sorted(cache.glob("*")) if cache.exists() else []
     if setting == "dir":

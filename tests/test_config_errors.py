@@ -34,7 +34,14 @@ def test_data_path_that_is_a_directory(tmp_path, capsys):
 
 
 def test_sweep_letor_path_that_is_a_directory(tmp_path, capsys):
-    args = ["sweep", "--config", "experiments/configs/semi_synthetic_yahoo.yaml", "--set", f"letor_path={tmp_path}",
-            "--set", f"output_dir={tmp_path / 'out'}"]
+    args = [
+        "sweep",
+        "--config",
+        "experiments/configs/semi_synthetic_yahoo.yaml",
+        "--set",
+        f"letor_path={tmp_path}",
+        "--set",
+        f"output_dir={tmp_path / 'out'}",
+    ]
     assert main(args) == 2
     assert "is a directory" in capsys.readouterr().err

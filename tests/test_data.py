@@ -39,13 +39,35 @@ def _with(**changes):
 BAD_INPUTS = [
     ("ranking", "integer", lambda a: _with(ranking=a["ranking"].astype(np.float32))),
     ("ranking", r"\[n, L\]", lambda a: _with(ranking=a["ranking"][:, 0])),
-    ("ranking", "in \\[0, 5\\)", lambda a: _with(ranking=np.where(a["ranking"] == 0, 7, a["ranking"]).astype(np.int32))),
-    ("ranking", "in \\[0, 5\\)", lambda a: _with(ranking=np.where(a["ranking"] == 0, -1, a["ranking"]).astype(np.int32))),
-    ("ranking", "repeats an item", lambda a: _with(ranking=np.concatenate([a["ranking"][:, :1], a["ranking"][:, :1], a["ranking"][:, 2:]], axis=1))),
-    ("ranking", "no rows", lambda a: {k: (v[:0] if isinstance(v, np.ndarray) and k != "position_weight" else v) for k, v in a.items()}),
+    (
+        "ranking",
+        "in \\[0, 5\\)",
+        lambda a: _with(ranking=np.where(a["ranking"] == 0, 7, a["ranking"]).astype(np.int32)),
+    ),
+    (
+        "ranking",
+        "in \\[0, 5\\)",
+        lambda a: _with(ranking=np.where(a["ranking"] == 0, -1, a["ranking"]).astype(np.int32)),
+    ),
+    (
+        "ranking",
+        "repeats an item",
+        lambda a: _with(
+            ranking=np.concatenate([a["ranking"][:, :1], a["ranking"][:, :1], a["ranking"][:, 2:]], axis=1)
+        ),
+    ),
+    (
+        "ranking",
+        "no rows",
+        lambda a: {k: (v[:0] if isinstance(v, np.ndarray) and k != "position_weight" else v) for k, v in a.items()},
+    ),
     ("ranking", "length L=3 must be in", lambda a: _with(n_items=2)),
     ("context", r"\[n=8, dx\]", lambda a: _with(context=a["context"][:5])),
-    ("context", "non-finite", lambda a: _with(context=np.where(np.arange(4) == 2, np.nan, a["context"]).astype(np.float32))),
+    (
+        "context",
+        "non-finite",
+        lambda a: _with(context=np.where(np.arange(4) == 2, np.nan, a["context"]).astype(np.float32)),
+    ),
     ("reward", r"\[n, L\]", lambda a: _with(reward=a["reward"][:, :2])),
     ("reward", "non-finite", lambda a: _with(reward=np.full((8, 3), np.inf, np.float32))),
     ("reward", "non-finite", lambda a: _with(reward=np.full((8, 3), np.nan, np.float32))),
@@ -54,7 +76,11 @@ BAD_INPUTS = [
     ("log_pi0_prefix", "non-increasing", lambda a: _with(log_pi0_prefix=a["log_pi0_prefix"][:, ::-1].copy())),
     ("log_pi0_prefix", r"\[n, L\]", lambda a: _with(log_pi0_prefix=a["log_pi0_prefix"].T.copy())),
     ("log_pi0_position_marginal", "<= 0", lambda a: _with(log_pi0_position_marginal=np.full((8, 3), 0.5, np.float32))),
-    ("log_pi0_position_marginal", "non-finite", lambda a: _with(log_pi0_position_marginal=np.full((8, 3), np.nan, np.float32))),
+    (
+        "log_pi0_position_marginal",
+        "non-finite",
+        lambda a: _with(log_pi0_position_marginal=np.full((8, 3), np.nan, np.float32)),
+    ),
     ("position_weight", "non-negative", lambda a: _with(position_weight=np.array([1.0, -0.5, 0.2], np.float32))),
     ("position_weight", r"\[L\]", lambda a: _with(position_weight=np.ones(4, np.float32))),
     ("position_weight", "required", lambda a: _with(position_weight=None)),
@@ -154,10 +180,13 @@ def test_lists_and_wide_dtypes_are_converted_to_the_documented_dtypes():
     assert data.ranking.dtype == np.int32 and data.item_mask.dtype == np.bool_
     np.testing.assert_array_equal(np.asarray(data.ranking), arrays["ranking"])
     np.testing.assert_allclose(np.asarray(data.context), arrays["context"])
-    wide = LoggedData(**{**arrays, "context": arrays["context"].astype(np.float64),
-                         "ranking": arrays["ranking"].astype(np.int64)})
+    wide = LoggedData(
+        **{**arrays, "context": arrays["context"].astype(np.float64), "ranking": arrays["ranking"].astype(np.int64)}
+    )
     assert wide.context.dtype == np.float32 and wide.ranking.dtype == np.int32
-    jax_wide = LoggedData(**{**arrays, "reward": jnp.asarray(arrays["reward"]), "ranking": jnp.asarray(arrays["ranking"])})
+    jax_wide = LoggedData(
+        **{**arrays, "reward": jnp.asarray(arrays["reward"]), "ranking": jnp.asarray(arrays["ranking"])}
+    )
     assert isinstance(jax_wide.reward, jax.Array) and jax_wide.reward.dtype == jnp.float32
 
 

@@ -129,6 +129,7 @@ def test_python_blocks_run(doc, tmp_path):
 
 # --- bash blocks: checked, not run --------------------------------------------------------
 
+
 def _commands(block: Block) -> list[tuple[int, str]]:
     """``(line, command)`` of a shell block: continuation lines joined, comments dropped."""
     out, pending, first = [], "", None

@@ -24,7 +24,7 @@ def _f32(x):
     return jnp.asarray(np.asarray(x, np.float32))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled_value_and_grad(loss, eps):
     def total(theta, other, where):
         kwargs = {} if eps is None else {"eps": eps}
@@ -50,9 +50,7 @@ def _pairs_frac(theta, rho):
 
 def _pairs_prod(theta, rho):
     d = len(theta)
-    total = sum(
-        (theta[i] * rho[j] - theta[j] * rho[i]) ** 2 for i in range(d) for j in range(i + 1, d)
-    )
+    total = sum((theta[i] * rho[j] - theta[j] * rho[i]) ** 2 for i in range(d) for j in range(i + 1, d))
     return 2.0 / (d * d - d) * total
 
 

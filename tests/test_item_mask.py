@@ -14,15 +14,13 @@ import numpy as np
 import pytest
 
 from opl_rank import LoggedData, make_key
-
-from opl_rank.pl import marginals
-
 from opl_rank.opl import ope
-from opl_rank.pl import plackett_luce as pl
 from opl_rank.opl.learners import LearnerConfig, fit
-from opl_rank.optimization import TrainConfig
 from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.opl.reward_models import fit_reward_model
+from opl_rank.optimization import TrainConfig
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 
 D, L, M, N = 5, 2, 4, 20_000
 SUBSETS = np.array([[d in s for d in range(D)] for s in itertools.combinations(range(D), 3)])  # [10, D]
@@ -47,9 +45,14 @@ def _setting():
     ranking = pl.sample_rankings(k_rank, logits0[j], L, where=mask)
     reward = jnp.take_along_axis(base[j], ranking, axis=-1) + 0.3 * jax.random.normal(k_noise, (N, L))
     data = LoggedData(
-        context=jax.nn.one_hot(j, M), ranking=ranking, reward=reward,
-        log_pi0_prefix=pl.prefix_log_probs(logits0[j], ranking, where=mask), position_weight=alpha, n_items=D,
-        log_pi0_position_marginal=jnp.log(marginals.exact_slot_marginals(logits0[j], ranking, where=mask)), item_mask=mask,
+        context=jax.nn.one_hot(j, M),
+        ranking=ranking,
+        reward=reward,
+        log_pi0_prefix=pl.prefix_log_probs(logits0[j], ranking, where=mask),
+        position_weight=alpha,
+        n_items=D,
+        log_pi0_position_marginal=jnp.log(marginals.exact_slot_marginals(logits0[j], ranking, where=mask)),
+        item_mask=mask,
     )
     # Exact V(pi) = mean over (context, candidate subset) of sum_a pi(a | x, subset) q(x, a).
     values = []

@@ -8,11 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import make_key
+from opl_rank import make_key, tuning
 from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds
 from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
 from opl_rank.optimization import TrainConfig
-from opl_rank import tuning
 from simulators import SyntheticRankingEnv
 
 TRAIN = TrainConfig(epochs=15, batch_size=256, learning_rate=5e-2)
@@ -145,7 +144,9 @@ def test_refitting_with_new_lambda_or_seed_does_not_recompile(setting, caplog):
 def test_fits_vmapped_over_seeds_match_one_by_one_fits(setting, config):
     """fit_seeds (vmapped over seeds) = fit per seed, up to float rounding."""
     env, data, _ = setting
-    config = dataclasses.replace(config, train=dataclasses.replace(TRAIN, epochs=5), reward_train=dataclasses.replace(REWARD, epochs=5))
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(TRAIN, epochs=5), reward_train=dataclasses.replace(REWARD, epochs=5)
+    )
     datas = [data.take(np.arange(1000)), env.sample_logged_data(make_key(30), 1000, position_marginals="exact")]
     keys = jnp.stack([make_key(31), make_key(32)])
     together = fit_seeds(datas, keys, config)
@@ -153,7 +154,9 @@ def test_fits_vmapped_over_seeds_match_one_by_one_fits(setting, config):
     for d, k, policy in zip(datas, keys, together):
         alone = fit(d, k, config)
         assert type(alone) is type(policy)
-        np.testing.assert_array_equal(np.asarray(policy.sample(make_key(34), x)), np.asarray(alone.sample(make_key(34), x)))
+        np.testing.assert_array_equal(
+            np.asarray(policy.sample(make_key(34), x)), np.asarray(alone.sample(make_key(34), x))
+        )
         if isinstance(alone, (PLPolicy, TwoStagePolicy)):
             first = alone if isinstance(alone, PLPolicy) else alone.first_stage
             other = policy if isinstance(policy, PLPolicy) else policy.first_stage
@@ -176,7 +179,8 @@ def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
     from opl_rank.opl.learners import _plan
 
     small = SyntheticRankingEnv.create(make_key(70), n_items=6, ranking_length=3).sample_logged_data(
-        make_key(71), 200, position_marginals="exact")
+        make_key(71), 200, position_marginals="exact"
+    )
     assert _plan(small, _config("iips")).slot_marginal_samples == 0
     assert _plan(small, _config("iips", slot_marginals="sampled")).slot_marginal_samples == 8
     env = SyntheticRankingEnv.create(make_key(72), n_items=60, ranking_length=5)
@@ -199,7 +203,8 @@ def test_iips_learns_with_the_insertion_estimate_of_its_slot_marginals():
     env = SyntheticRankingEnv.create(make_key(72), n_items=60, ranking_length=5)
     data = env.sample_logged_data(make_key(73), 2000, position_marginals="exact")
     small = SyntheticRankingEnv.create(make_key(70), n_items=6, ranking_length=3).sample_logged_data(
-        make_key(71), 200, position_marginals="exact")
+        make_key(71), 200, position_marginals="exact"
+    )
     assert _plan(small, _config("iips", slot_marginals="insertion")).slot_marginal_samples == 2
     assert _plan(small, _config("iips", slot_marginals="insertion", slot_marginal_samples=1)).slot_marginal_samples == 1
     with pytest.raises(ValueError, match="slot_marginal_samples"):
@@ -218,7 +223,9 @@ def test_on_epoch_sees_every_epoch_and_changes_nothing(setting):
     seen = []
     watched = fit(data, make_key(40), config, on_epoch=lambda part, epoch, record: seen.append((part, epoch)))
     plain = fit(data, make_key(40), config)
-    assert seen == [("reward", e) for e in range(1, REWARD.epochs + 1)] + [("policy", e) for e in range(1, TRAIN.epochs + 1)]
+    assert seen == [("reward", e) for e in range(1, REWARD.epochs + 1)] + [
+        ("policy", e) for e in range(1, TRAIN.epochs + 1)
+    ]
     for got, want in zip(jax.tree.leaves(watched.first_stage.params), jax.tree.leaves(plain.first_stage.params)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     seen.clear()  # vmapped over seeds: every seed's epochs
@@ -244,8 +251,13 @@ def test_precomputed_completion_orders_change_nothing():
 
     env = SyntheticRankingEnv.create(make_key(0), n_items=40, ranking_length=5)
     data = env.sample_logged_data(make_key(1), 600)
-    config = LearnerConfig("rpod", k=2, train=TrainConfig(epochs=2, batch_size=128),
-                           reward_train=TrainConfig(epochs=2, batch_size=128), valid_fraction=0.2)
+    config = LearnerConfig(
+        "rpod",
+        k=2,
+        train=TrainConfig(epochs=2, batch_size=128),
+        reward_train=TrainConfig(epochs=2, batch_size=128),
+        valid_fraction=0.2,
+    )
     plan = _plan(data, config)
     assert plan.completion_order
     once = fit_arrays(plan, data, make_key(2))["policy"]

@@ -137,9 +137,7 @@ def test_normalize_option_and_padding(yahoo):
 def test_normalize_small_exact():
     feats = np.array([[[1.0, 5.0], [3.0, 5.0], [9.0, 9.0]]], np.float32)  # [1, 3, 2]
     mask = np.array([[True, True, False]])
-    np.testing.assert_array_equal(
-        normalize_per_query(feats, mask, "minmax"), [[[0, 0], [1, 0], [0, 0]]]
-    )
+    np.testing.assert_array_equal(normalize_per_query(feats, mask, "minmax"), [[[0, 0], [1, 0], [0, 0]]])
     np.testing.assert_allclose(normalize_per_query(feats, mask, "zscore"), [[[-1, 0], [1, 0], [0, 0]]])
     with pytest.raises(ValueError, match="method"):
         normalize_per_query(feats, mask, "l2")
@@ -215,13 +213,7 @@ def test_max_docs_min_docs(yahoo):
 def test_unordered_qids_grouped_stably(tmp_path):
     p = tmp_path / "mixed.txt"
     p.write_text(
-        "# a header comment\n"
-        "2 qid:5 1:1.5 3:2 # doc a\n"
-        "\n"
-        "1 qid:2 2:7\n"
-        "0 qid:5 1:-1\n"
-        "3 qid:9\n"
-        "1 qid:2 1:4 3:1\n"
+        "# a header comment\n2 qid:5 1:1.5 3:2 # doc a\n\n1 qid:2 2:7\n0 qid:5 1:-1\n3 qid:9\n1 qid:2 1:4 3:1\n"
     )
     data = load_letor(p)
     np.testing.assert_array_equal(data.qids, [5, 2, 9])

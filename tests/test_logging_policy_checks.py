@@ -21,7 +21,9 @@ def only_two_items_in_row_3(context, item_features):
 
 def test_fewer_than_l_finite_logits_names_the_function_and_row():
     policy = CallableLogging(only_two_items_in_row_3, D, ranking_length=L)
-    with pytest.raises(ValueError, match=r"'only_two_items_in_row_3' returned fewer than L=3 finite logits.*row 3 has 2"):
+    with pytest.raises(
+        ValueError, match=r"'only_two_items_in_row_3' returned fewer than L=3 finite logits.*row 3 has 2"
+    ):
         policy(jnp.zeros((6, 2)), None)
     assert policy(jnp.zeros((3, 2)), None).shape == (3, D)  # rows 0..2 are fine
     wrapped = as_logging_policy(only_two_items_in_row_3, D, ranking_length=L)

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank.pl import gradients as le
 from opl_rank import make_key
+from opl_rank.pl import gradients as le
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
 from tests import reference as ref
@@ -86,7 +86,9 @@ def test_original_exposure_estimator_is_biased_with_baselines():
     """Appendix A: Eq. 33 subtracts b_d per placement, but sum_k P(y_k = d) < 1."""
     logits, rel, theta = _problem(5, 3, seed=5)
     exact = jax.grad(lambda s: exact_utility(s, rel, theta).sum())(logits)
-    original = _z_scores(_gradients(le.GRADIENT_ESTIMATORS["exposure_original"], logits, rel, theta, baseline=True), exact)
+    original = _z_scores(
+        _gradients(le.GRADIENT_ESTIMATORS["exposure_original"], logits, rel, theta, baseline=True), exact
+    )
     corrected = _z_scores(_gradients(le.GRADIENT_ESTIMATORS["exposure"], logits, rel, theta, baseline=True), exact)
     assert original.max() > 20.0
     assert corrected.max() < 4.0
@@ -186,8 +188,9 @@ def test_plrank3_float32_matches_a_float64_reference_at_large_logit_gaps(gap):
     # and through the public function (sampled rankings): finite, and float32 == float64
     g32 = jax.grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8).sum())(logits)
     with jax.enable_x64(True):
-        g64 = jax.grad(lambda s: le.plrank3_utility(s, rel.astype(jnp.float64), theta.astype(jnp.float64), make_key(0), 8).sum())(
-            jnp.asarray(np.asarray(logits), jnp.float64))
+        g64 = jax.grad(
+            lambda s: le.plrank3_utility(s, rel.astype(jnp.float64), theta.astype(jnp.float64), make_key(0), 8).sum()
+        )(jnp.asarray(np.asarray(logits), jnp.float64))
         g64 = np.asarray(g64)
     assert np.all(np.isfinite(g64)) and bool(jnp.all(jnp.isfinite(g32)))
     if gap <= 20.0:  # identical samples in both precisions (the top items are not near-ties)
@@ -199,7 +202,9 @@ def test_plrank3_masked_and_minus_inf_documents_at_large_gaps():
     where = jnp.array([[True] * 6, [True, True, True, True, False, False]])
     rel = jnp.array([[1.0, 2.0, 0.0, 3.0, 1.0, 4.0], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]], jnp.float32)
     theta = jnp.array([1.0, 0.6, 0.5, 0.4], jnp.float32)
-    value, g = jax.value_and_grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8, where=where).sum())(logits)
+    value, g = jax.value_and_grad(lambda s: le.plrank3_utility(s, rel, theta, make_key(0), 8, where=where).sum())(
+        logits
+    )
     assert bool(jnp.isfinite(value)) and bool(jnp.all(jnp.isfinite(g)))
     np.testing.assert_array_equal(np.asarray(g)[1, [2, 4, 5]], 0.0)  # -inf or masked: no gradient
 
@@ -222,7 +227,9 @@ def _marginalize_all_reference(logits, rel, theta, rankings, valid, baseline):
             for k, y in enumerate(rankings[n, q]):
                 if not available.any():
                     break  # padding slots: all items placed
-                place[n, k] = np.where(available, np.exp(np.where(available, s, -np.inf) - logsumexp(s[available])), 0.0)
+                place[n, k] = np.where(
+                    available, np.exp(np.where(available, s, -np.inf) - logsumexp(s[available])), 0.0
+                )
                 available[y] = False
         expected, total = place @ rho, place.sum(-1)  # [N, K]
         value[q] = np.mean(expected @ theta)
@@ -294,7 +301,9 @@ def test_value_is_the_utility_estimate():
     logits, rel, theta = _problem(5, 3, seed=41)
     exact = np.asarray(exact_utility(logits, rel, theta))
     for name, est in le.GRADIENT_ESTIMATORS.items():
-        values = np.asarray(jax.vmap(lambda k: est(logits, rel, theta, k, N_SAMPLES))(jax.random.split(make_key(5), 500)))
+        values = np.asarray(
+            jax.vmap(lambda k: est(logits, rel, theta, k, N_SAMPLES))(jax.random.split(make_key(5), 500))
+        )
         se = values.std(0) / np.sqrt(500)
         assert np.all(np.abs(values.mean(0) - exact) <= 4 * se + 1e-5), name
 
@@ -308,7 +317,9 @@ def test_sampled_policy_gradient_with_a_ranking_level_reward():
     exact_value = lambda s: jnp.sum(pl.enumerate_ranking_probs(s, rankings) * hit[None, :], axis=-1)
     reward_fn = lambda r: jnp.logical_and(jnp.any(r == 0, axis=-1), jnp.any(r == 1, axis=-1)).astype(jnp.float32)
     keys = jax.random.split(make_key(9), N_KEYS)
-    grads = jax.vmap(lambda k: jax.grad(lambda s: le.sampled_policy_gradient(s, reward_fn, 2, k, 8).sum())(logits))(keys)
+    grads = jax.vmap(lambda k: jax.grad(lambda s: le.sampled_policy_gradient(s, reward_fn, 2, k, 8).sum())(logits))(
+        keys
+    )
     assert _z_scores(np.asarray(grads, np.float64), jax.grad(lambda s: exact_value(s).sum())(logits)).max() < 4.0
 
 

@@ -55,8 +55,9 @@ def test_config_validation(kwargs, message):
 @pytest.mark.parametrize("estimator", ["exposure", "plrank3", "placement"])
 def test_training_learns_a_planted_ranking(estimator):
     train, valid = _planted(96, 0), _planted(32, 1)
-    cfg = LTRConfig(hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=15,
-                    estimator=estimator, n_samples=8, cutoff=5)
+    cfg = LTRConfig(
+        hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=15, estimator=estimator, n_samples=8, cutoff=5
+    )
     history = train_ltr(train, valid, make_key(0), cfg).history
     assert len(history) == 15
     first, last = history[0]["valid_ndcg@5"], history[-1]["valid_ndcg@5"]
@@ -67,8 +68,16 @@ def test_training_learns_a_planted_ranking(estimator):
 @pytest.mark.slow
 def test_fairness_loss_decreases():
     train, valid = _planted(64, 2), _planted(32, 3)
-    cfg = LTRConfig(hidden=(16,), learning_rate=0.01, batch_queries=32, epochs=12,
-                    estimator="exposure", loss="kl_fair", n_samples=8, cutoff=5)
+    cfg = LTRConfig(
+        hidden=(16,),
+        learning_rate=0.01,
+        batch_queries=32,
+        epochs=12,
+        estimator="exposure",
+        loss="kl_fair",
+        n_samples=8,
+        cutoff=5,
+    )
     history = train_ltr(train, valid, make_key(1), cfg).history
     assert history[-1]["valid_loss"] < history[0]["valid_loss"]
 

@@ -45,8 +45,12 @@ def test_exact_position_marginal_gradients_equal_enumeration(key, n_items, n_slo
             assert abs(float(got[d]) - numeric) < 2e-3, (d, float(got[d]), numeric)
     items = jnp.array([3, 0, 1])
     cot_items = cot[:, :3].T
-    got_items = jax.grad(lambda s: jnp.sum(cot_items * marginals.exact_ranked_item_marginals(s, items, n_slots)))(logits)
-    want_items = jax.grad(lambda s: jnp.sum(cot_items * marginals.exact_position_marginals(s, n_slots)[:, items].T))(logits)
+    got_items = jax.grad(lambda s: jnp.sum(cot_items * marginals.exact_ranked_item_marginals(s, items, n_slots)))(
+        logits
+    )
+    want_items = jax.grad(lambda s: jnp.sum(cot_items * marginals.exact_position_marginals(s, n_slots)[:, items].T))(
+        logits
+    )
     np.testing.assert_allclose(np.asarray(got_items), np.asarray(want_items), atol=2e-5)
 
 
@@ -56,10 +60,14 @@ def test_exact_slot_marginals_are_the_diagonal_of_the_ranked_item_table(key):
     rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, 4)
     table = marginals.exact_ranked_item_marginals(logits, rankings, 4)  # [7, 4, 4]
     want = jnp.diagonal(table, axis1=-2, axis2=-1)
-    np.testing.assert_allclose(np.asarray(marginals.exact_slot_marginals(logits, rankings)), np.asarray(want), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(marginals.exact_slot_marginals(logits, rankings)), np.asarray(want), atol=1e-6
+    )
     loss = lambda f: lambda s: jnp.sum(jnp.log(f(s)))
     g_slot = jax.grad(loss(lambda s: marginals.exact_slot_marginals(s, rankings)))(logits)
-    g_table = jax.grad(loss(lambda s: jnp.diagonal(marginals.exact_ranked_item_marginals(s, rankings, 4), axis1=-2, axis2=-1)))(logits)
+    g_table = jax.grad(
+        loss(lambda s: jnp.diagonal(marginals.exact_ranked_item_marginals(s, rankings, 4), axis1=-2, axis2=-1))
+    )(logits)
     np.testing.assert_allclose(np.asarray(g_slot), np.asarray(g_table), atol=1e-4)
 
 
@@ -146,8 +154,9 @@ def test_shared_grid_slot_marginals_equal_a_float64_oracle(key, n_items, n_slots
     rankings = pl.sample_rankings(jax.random.fold_in(key, 1), logits, n_slots, where=where)
     got = np.asarray(marginals.exact_slot_marginals(logits, rankings, where=where))
     masked = np.where(np.asarray(where), np.asarray(logits), -np.inf)
-    want = np.array([[_race_marginal_float64(masked[i], int(rankings[i, l]), l, n_slots) for l in range(n_slots)]
-                     for i in range(3)])
+    want = np.array(
+        [[_race_marginal_float64(masked[i], int(rankings[i, l]), l, n_slots) for l in range(n_slots)] for i in range(3)]
+    )
     np.testing.assert_allclose(got, want, rtol=5e-5, atol=2e-7)
     # The same function as the per-item rule (up to that rule's coarser step), gradients too.
     valid = jnp.asarray(where)
@@ -166,8 +175,11 @@ def test_shared_grid_falls_back_for_repeated_items_and_wide_spreads(key):
     outside = marginals._outside_ranking(logits, valid, rankings)
     top = marginals._top_outside(outside, 4)
     assert int(marginals._shared_grid_tier(logits, valid, rankings, top)) == len(marginals._SHARED_GRID_NODES)
-    np.testing.assert_allclose(np.asarray(marginals.exact_slot_marginals(logits, rankings)),
-                               np.asarray(marginals._per_item_slot_marginals(logits, valid, rankings)), atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(marginals.exact_slot_marginals(logits, rankings)),
+        np.asarray(marginals._per_item_slot_marginals(logits, valid, rankings)),
+        atol=1e-7,
+    )
     wide = logits.at[0, 7].add(30.0)  # one logged item far above the rest: the 256-node grid
     rankings = rankings.at[0, 2].set(11)
     top = marginals._top_outside(marginals._outside_ranking(wide, valid, rankings), 4)
@@ -179,7 +191,8 @@ SLOT_ESTIMATORS = {  # (key, logits, rankings, where) -> estimate
     "prefix": lambda k, s, r, where=None: marginals.sampled_slot_marginals(k, s, r, 4, where=where),
     "insertion": lambda k, s, r, where=None: marginals.insertion_slot_marginals(k, s, r, 1, where=where),
     "insertion-loo": lambda k, s, r, where=None: marginals.insertion_slot_marginals(
-        k, s, r, 2, where=where, baseline="leave-one-out"),
+        k, s, r, 2, where=where, baseline="leave-one-out"
+    ),
 }
 
 
@@ -200,7 +213,9 @@ def test_sampled_slot_marginals_unbiased_in_value_and_gradient(key, n_items, est
     enumerated = pl.enumerate_position_marginals(logits, n_slots, where=where)  # [4, L, D]
     want = np.asarray(jnp.take_along_axis(enumerated, rankings[:, :, None], axis=-1)[..., 0], np.float64)
     cot = jax.random.normal(jax.random.fold_in(key, 2), rankings.shape)
-    exact_grad = np.asarray(jax.grad(lambda s: jnp.sum(cot * marginals.exact_slot_marginals(s, rankings, where=where)))(logits))
+    exact_grad = np.asarray(
+        jax.grad(lambda s: jnp.sum(cot * marginals.exact_slot_marginals(s, rankings, where=where)))(logits)
+    )
 
     def draw(k):
         value_of = lambda s: SLOT_ESTIMATORS[estimator](k, s, rankings, where=where)
@@ -233,10 +248,13 @@ def test_insertion_estimate_has_lower_variance_than_sampled_prefixes(key):
     logits = _logits(key, (8, n_items), 1.5)
     rankings = pl.sample_rankings(jax.random.fold_in(key, 1), 0.5 * logits, n_slots)
     cot = jax.random.normal(jax.random.fold_in(key, 2), rankings.shape)
-    settings = {"prefix": lambda k, s: marginals.sampled_slot_marginals(k, s, rankings, 8),
-                "insertion": lambda k, s: marginals.insertion_slot_marginals(k, s, rankings, 1)}
+    settings = {
+        "prefix": lambda k, s: marginals.sampled_slot_marginals(k, s, rankings, 8),
+        "insertion": lambda k, s: marginals.insertion_slot_marginals(k, s, rankings, 1),
+    }
     spread = {}
     for name, estimate in settings.items():
+
         def draw(k):
             return estimate(k, logits), jax.grad(lambda s: jnp.sum(cot * estimate(k, s)))(logits)
 
@@ -258,10 +276,12 @@ def test_insertion_estimate_is_finite_and_exact_where_the_policy_is_nearly_deter
     n_items, n_slots = 40, 10
     logits = _logits(key, (6, n_items), scale)
     where = jnp.ones((6, n_items), bool).at[0, :35].set(False)  # row 0: 5 valid items, 10 slots
-    rankings = jnp.concatenate([
-        pl.sample_rankings(jax.random.fold_in(key, 1), logits[:3] / scale, n_slots, where=where[:3]),
-        pl.sample_rankings(jax.random.fold_in(key, 4), logits[3:], n_slots, where=where[3:]),  # the policy's own
-    ])
+    rankings = jnp.concatenate(
+        [
+            pl.sample_rankings(jax.random.fold_in(key, 1), logits[:3] / scale, n_slots, where=where[:3]),
+            pl.sample_rankings(jax.random.fold_in(key, 4), logits[3:], n_slots, where=where[3:]),  # the policy's own
+        ]
+    )
     cot = jax.random.normal(jax.random.fold_in(key, 2), rankings.shape)
     value_of = lambda s: marginals.insertion_slot_marginals(jax.random.fold_in(key, 3), s, rankings, 2, where=where)
     value, grad = jax.value_and_grad(lambda s: jnp.sum(cot * value_of(s)))(logits)

@@ -18,7 +18,9 @@ def test_logged_data_bytes_counts_every_array():
 def test_require_names_the_work_and_the_sizes(monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)
     memory.require(2**29, "small work")  # fits: nothing happens
-    with pytest.raises(memory.MemoryBudgetError, match=r"big work needs about 4.0 GiB of memory, but 1.0 GiB are available; try less"):
+    with pytest.raises(
+        memory.MemoryBudgetError, match=r"big work needs about 4.0 GiB of memory, but 1.0 GiB are available; try less"
+    ):
         memory.require(4 * 2**30, "big work", "try less")
     monkeypatch.setattr(memory, "available_bytes", lambda: None)  # unknown: no check
     memory.require(2**60, "anything")
@@ -44,8 +46,16 @@ def test_cli_simulate_and_sweep_refuse_an_n_that_cannot_fit(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "opl-rank simulate: error: simulating n=100,000,000,000 logged rows" in err and "Traceback" not in err
     out = tmp_path / "sweep"
-    args = ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", "--set", f"n={10**11}",
-            "--set", f"output_dir={out}", "--quiet"]
+    args = [
+        "sweep",
+        "--config",
+        "experiments/configs/synthetic_opl_small.yaml",
+        "--set",
+        f"n={10**11}",
+        "--set",
+        f"output_dir={out}",
+        "--quiet",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "the sweep's largest cell (n=100,000,000,000, D=10, L=5)" in err and "GiB" in err

@@ -46,9 +46,7 @@ def test_hand_computed_dcg_and_ndcg():
     lin_dcg2 = 0.0 + 1.0 / math.log2(3)
     lin_ideal2 = 3.0 + 2.0 / math.log2(3)
     assert float(dcg_at_k(scores, labels, 2, gain="linear")) == pytest.approx(lin_dcg2, rel=1e-6)
-    assert float(ndcg_at_k(scores, labels, 2, gain="linear")) == pytest.approx(
-        lin_dcg2 / lin_ideal2, rel=1e-6
-    )
+    assert float(ndcg_at_k(scores, labels, 2, gain="linear")) == pytest.approx(lin_dcg2 / lin_ideal2, rel=1e-6)
     with pytest.raises(ValueError):
         ndcg_at_k(scores, labels, 2, gain="log")
     with pytest.raises(ValueError):
@@ -114,9 +112,9 @@ def test_batched_matches_per_row_and_reference():
     rng = np.random.default_rng(0)
     scores = rng.normal(size=(2, 3, 8)).astype(np.float32)
     labels = rng.integers(0, 5, (2, 3, 8))
-    batched = np.asarray(jax.jit(ndcg_at_k, static_argnames=("k", "gain"))(
-        jnp.asarray(scores), jnp.asarray(labels), k=5
-    ))
+    batched = np.asarray(
+        jax.jit(ndcg_at_k, static_argnames=("k", "gain"))(jnp.asarray(scores), jnp.asarray(labels), k=5)
+    )
     assert batched.shape == (2, 3) and batched.dtype == np.float32
     for b in range(2):
         for q in range(3):
@@ -133,9 +131,7 @@ def test_agrees_with_sklearn_ndcg_score(k):
     labels[0] = 0  # an all-irrelevant query: both give 0
     scores32, labels_j = jnp.asarray(scores, jnp.float32), jnp.asarray(labels)
     ours = np.asarray(ndcg_at_k(scores32, labels_j, k, gain="linear"))
-    theirs = [
-        sklearn_metrics.ndcg_score(labels[i : i + 1], scores[i : i + 1], k=k) for i in range(20)
-    ]
+    theirs = [sklearn_metrics.ndcg_score(labels[i : i + 1], scores[i : i + 1], k=k) for i in range(20)]
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
     if k == 10:  # exp2 gains are sklearn with y_true = 2^label - 1
         ours_exp2 = np.asarray(ndcg_at_k(scores32, labels_j, k))

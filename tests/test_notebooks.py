@@ -32,7 +32,16 @@ SYNC = ".venv/bin/python scripts/sync_notebooks.py"
 # notebook stem -> {csv file name: columns it must have}
 EXPECTED_COLUMNS = {
     "exposure_ltr_curves": {
-        "curves.csv": {"estimator", "n_samples", "seed", "epoch", "valid_ndcg@10", "train_loss", "valid_loss", "seconds"},
+        "curves.csv": {
+            "estimator",
+            "n_samples",
+            "seed",
+            "epoch",
+            "valid_ndcg@10",
+            "train_loss",
+            "valid_loss",
+            "seconds",
+        },
     },
     "opl_quickstart": {"policies.csv": {"policy", "V_true", "V0", "dr", "snips", "dr_ess"}},
     "opl_sweep_analysis": {"k_selection.csv": {"k_true_best", "k_selected", "gain_lost"}},
@@ -62,7 +71,9 @@ def test_ipynb_matches_its_source(notebook):
     nb = nbformat.read(ipynb, as_version=4)
     nbformat.validate(nb)
     assert nb.nbformat == 4
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{ipynb.name}: kernelspec is not python3: run {SYNC}"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", (
+        f"{ipynb.name}: kernelspec is not python3: run {SYNC}"
+    )
     source = jupytext.read(notebook, fmt="py:percent")
     ours, theirs = _cells(nb), _cells(source)
     if ours != theirs:
@@ -72,7 +83,9 @@ def test_ipynb_matches_its_source(notebook):
             f"cells, first difference at cell {first}): edit the .py, then run {SYNC}"
         )
     with_outputs = [i for i, cell in enumerate(nb.cells) if cell.get("outputs") or cell.get("execution_count")]
-    assert not with_outputs, f"notebooks/{ipynb.name} holds outputs in cells {with_outputs}: run {SYNC} (commits keep none)"
+    assert not with_outputs, (
+        f"notebooks/{ipynb.name} holds outputs in cells {with_outputs}: run {SYNC} (commits keep none)"
+    )
 
 
 def _inline_images(nb) -> int:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-
 from opl_rank.opl import learners
 from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.optimization import TrainConfig
@@ -31,7 +30,10 @@ def test_ips_at_d1000_l10_moves_every_parameter_and_beats_the_logging_policy():
     config = LearnerConfig("ips", train=TrainConfig(epochs=5, batch_size=1024, learning_rate=0.05))
     policy = fit(data, make_key(2), config)
     init = make_scorer(1000).init(jax.random.split(make_key(2), 4)[2], data.context[:1])
-    frozen = sum(int(np.sum(np.asarray(a) == np.asarray(b))) for a, b in zip(jax.tree.leaves(policy.params), jax.tree.leaves(init)))
+    frozen = sum(
+        int(np.sum(np.asarray(a) == np.asarray(b)))
+        for a, b in zip(jax.tree.leaves(policy.params), jax.tree.leaves(init))
+    )
     assert frozen == 0
     assert _beats(env, policy)
 

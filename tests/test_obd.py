@@ -10,9 +10,8 @@ pd = pytest.importorskip("pandas")
 import jax.numpy as jnp  # noqa: E402
 
 from opl_rank import make_key  # noqa: E402
-
-from opl_rank.opl import ope
 from opl_rank.io import obd  # noqa: E402
+from opl_rank.opl import ope
 
 pytestmark = pytest.mark.obp
 N_SIM = 2000  # BTS's Monte Carlo action distribution (the check itself uses 100,000)
@@ -81,8 +80,9 @@ def test_from_obd_rejects_bad_feedback(logs):
 def test_bts_action_dist_is_obps_exactly(bts_dist):
     from obp.policy import BernoulliTS
 
-    theirs = BernoulliTS(n_actions=80, len_list=3, is_zozotown_prior=True, campaign="all",
-                         random_state=12345).compute_batch_action_dist(n_rounds=1, n_sim=N_SIM)[0]
+    theirs = BernoulliTS(
+        n_actions=80, len_list=3, is_zozotown_prior=True, campaign="all", random_state=12345
+    ).compute_batch_action_dist(n_rounds=1, n_sim=N_SIM)[0]
     np.testing.assert_array_equal(bts_dist, theirs)
     np.testing.assert_allclose(bts_dist.sum(axis=0), 1.0)
     men = obd.bts_action_dist("men", n_sim=100, chunk=7)  # chunking does not change the draws
@@ -106,8 +106,9 @@ def test_positionwise_policy_propensities(logs, bts_dist):
 
 def test_opl_rank_ips_snips_equal_obp_on_the_random_logs(logs, bts_dist):
     data = obd.from_obd(logs["random"])
-    ours = ope.evaluate(obd.PositionwisePolicy(bts_dist), data, make_key(0),
-                        estimators=("ips", "snips", "iips", "rips"), ci="normal")
+    ours = ope.evaluate(
+        obd.PositionwisePolicy(bts_dist), data, make_key(0), estimators=("ips", "snips", "iips", "rips"), ci="normal"
+    )
     theirs = obd.obp_estimates(logs["random"], bts_dist, n_bootstrap=50)
     for name in ("ips", "snips"):
         assert ours[name].value == pytest.approx(theirs[name]["value"], rel=1e-5), name

@@ -9,13 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from opl_rank import make_key
+from opl_rank import make_key, tuning
 from opl_rank.opl import ope
 from opl_rank.opl.policies import PLPolicy, RegressionPolicy, TwoStagePolicy
+from opl_rank.opl.reward_models import fit_reward_model
 from opl_rank.optimization import TrainConfig
 from opl_rank.scorers import ActionScorer
-from opl_rank.opl.reward_models import fit_reward_model
-from opl_rank import tuning
 from simulators import SyntheticRankingEnv
 
 D, L = 5, 3
@@ -27,7 +26,9 @@ def setting():
     # (IPS, SNIPS, RIPS, IIPS) and DR is unbiased for every target policy.
     env = SyntheticRankingEnv.create(make_key(0), n_items=D, ranking_length=L, lam=0.0, logging_temperature=2.0)
     data = env.sample_logged_data(make_key(1), 12000, position_marginals="exact")
-    model = fit_reward_model(data, make_key(2), kind="pairwise", config=TrainConfig(epochs=8, batch_size=256, learning_rate=3e-2))
+    model = fit_reward_model(
+        data, make_key(2), kind="pairwise", config=TrainConfig(epochs=8, batch_size=256, learning_rate=3e-2)
+    )
     module = ActionScorer(n_items=D)
     params = jax.tree.map(lambda p: 0.6 * p, module.init(make_key(3), data.context[:1]))
     policies = {
@@ -44,7 +45,9 @@ def setting():
 def test_estimates_are_unbiased_within_4_standard_errors(setting, policy_name):
     _, data, model, policies, truth = setting
     names = ("ips", "snips", "dr", "iips", "rips")
-    got = ope.evaluate(policies[policy_name], data, make_key(5), estimators=names, reward_model=model, ci="normal", n_samples=64)
+    got = ope.evaluate(
+        policies[policy_name], data, make_key(5), estimators=names, reward_model=model, ci="normal", n_samples=64
+    )
     want = truth[policy_name]
     for name in names:
         r = got[name]
@@ -60,7 +63,9 @@ def test_topk_is_dr_at_kL_and_dm_plus_mean_residual_at_k0(setting):
     policy = policies["pl"]
     residual = float(jnp.mean(data.reward @ data.position_weight - model.predict(data.context, data.ranking)))
     for k, same_as, offset in ((0, "dm", residual), (L, "dr", 0.0)):
-        got = ope.evaluate(policy, data, make_key(6), estimators=("topk", same_as), reward_model=model, k=k, ci="normal")
+        got = ope.evaluate(
+            policy, data, make_key(6), estimators=("topk", same_as), reward_model=model, k=k, ci="normal"
+        )
         assert got["topk"].value == pytest.approx(got[same_as].value + offset, abs=1e-4)
 
 
@@ -100,7 +105,9 @@ def test_bad_arguments(setting):
     with pytest.raises(ValueError, match="topk needs k"):
         ope.evaluate(policies["pl"], data, make_key(0), estimators=("topk",), reward_model=model)
     with pytest.raises(ValueError, match="iips needs"):
-        ope.evaluate(policies["pl"], dataclasses.replace(data, log_pi0_position_marginal=None), make_key(0), estimators=("iips",))
+        ope.evaluate(
+            policies["pl"], dataclasses.replace(data, log_pi0_position_marginal=None), make_key(0), estimators=("iips",)
+        )
     with pytest.raises(TypeError, match="policy must be a RankingPolicy"):
         ope.evaluate(object(), data, make_key(0), estimators=("ips",))
 
@@ -188,7 +195,6 @@ def test_healthy_weights_do_not_warn(small_logs):
 def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     """Two-stage slot marginals run over chunks of rows, model values over batches of
     samples (bounded memory at any n): tiny chunks give the same numbers as one piece."""
-    import opl_rank.opl.policies as policies_module
 
     _, data, model, policies, _ = setting
     sub = data.take(np.arange(56))  # 8 chunks of 7 rows: one chunk shape to compile
@@ -203,7 +209,9 @@ def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     batched = ope.model_values(two_stage, model, sub.context, make_key(9), n_samples=32, n_items=D)
     np.testing.assert_allclose(np.asarray(batched), np.asarray(values), rtol=1e-5)
     monkeypatch.setattr(tuning, "POLICY_CHUNK_FLOATS", 7 * 16 * (D + L))  # 7 rows per chunk (16 samples)
-    sampled = dataclasses.replace(two_stage, n_samples=16, max_enumerated=0)  # Monte Carlo, chunked: still a probability
+    sampled = dataclasses.replace(
+        two_stage, n_samples=16, max_enumerated=0
+    )  # Monte Carlo, chunked: still a probability
     mc = np.exp(np.asarray(sampled.propensities(sub, make_key(8), slot_marginals=True).log_slot))
     assert np.all((mc >= 0) & (mc <= 1 + 1e-6))
 

@@ -15,23 +15,24 @@ import numpy as np
 import pytest
 
 from opl_rank import LoggedData, make_key
-
-from opl_rank.pl import marginals
 from opl_rank.opl import estimators as oe
-from opl_rank.pl import plackett_luce as pl
 from opl_rank.opl.policies import PLPolicy
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 from simulators import SyntheticRankingEnv
 
 D, L, M_CONTEXTS, N_ROWS, N_DATASETS = 5, 3, 4, 64, 1500
 RANKINGS = jnp.asarray(pl.all_rankings(D, L))  # [60, L]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problem(lam):
     env = SyntheticRankingEnv.create(make_key(3), n_items=D, ranking_length=L, lam=lam, logging_temperature=2.0)
     x = env.sample_contexts(make_key(4), M_CONTEXTS)
     theta = jax.random.normal(make_key(5), (M_CONTEXTS, D)) * 0.7  # target policy logits
-    q_all = jax.vmap(lambda xi: env.expected_reward(jnp.broadcast_to(xi, (RANKINGS.shape[0], xi.shape[0])), RANKINGS))(x)
+    q_all = jax.vmap(lambda xi: env.expected_reward(jnp.broadcast_to(xi, (RANKINGS.shape[0], xi.shape[0])), RANKINGS))(
+        x
+    )
     value_all = q_all @ env.position_weight  # [m, 60] true q(x, a)
     return env, x, theta, value_all
 
@@ -87,8 +88,15 @@ class _GivenLogits:
 
 def _batch(ranking, reward, lp0, lm0, alpha):
     """The logged rows as LoggedData (inside jit/vmap: not validated)."""
-    return LoggedData(context=jnp.zeros((ranking.shape[0], 1)), ranking=ranking, reward=reward, log_pi0_prefix=lp0,
-                      position_weight=alpha, n_items=D, log_pi0_position_marginal=lm0)
+    return LoggedData(
+        context=jnp.zeros((ranking.shape[0], 1)),
+        ranking=ranking,
+        reward=reward,
+        log_pi0_prefix=lp0,
+        position_weight=alpha,
+        n_items=D,
+        log_pi0_position_marginal=lm0,
+    )
 
 
 def _terms(name, th, ranking, reward, lp0, lm0, alpha, *, slots=L, model=None, k=None, **options):
@@ -182,8 +190,9 @@ def _rpod(k, f_values):
         else:
             value_fn = lambda prefixes: f_values[j[None, :], completion[j[None, :], code(prefixes)]]
             second = oe.ranking_model_value(th, value_fn, k, key, 8)
-        return _terms("topk", th, ranking, reward, lp0, lm0, alpha, slots=max(k, 1), k=k,
-                      model=oe.ModelTerms(f_logged, second))
+        return _terms(
+            "topk", th, ranking, reward, lp0, lm0, alpha, slots=max(k, 1), k=k, model=oe.ModelTerms(f_logged, second)
+        )
 
     return make_terms
 
@@ -255,12 +264,14 @@ def test_values_are_unbiased_ope_estimates():
         j, ranking, reward, lp0, lm0 = _logged(env, x, k_data)
         th = theta[j]
         alpha = env.position_weight
-        return jnp.stack([
-            jnp.mean(_ips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
-            jnp.mean(_rips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
-            jnp.mean(_iips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
-            jnp.mean(_dr(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
-        ])
+        return jnp.stack(
+            [
+                jnp.mean(_ips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
+                jnp.mean(_rips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
+                jnp.mean(_iips(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
+                jnp.mean(_dr(th, j, ranking, reward, lp0, lm0, alpha, k_model)),
+            ]
+        )
 
     values = np.asarray(jax.jit(jax.vmap(estimates))(jax.random.split(make_key(11), N_DATASETS)))
     se = values.std(0, ddof=1) / np.sqrt(N_DATASETS)

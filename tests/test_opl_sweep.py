@@ -3,7 +3,6 @@
 import csv
 import json
 import math
-import os
 
 import pytest
 
@@ -11,9 +10,24 @@ from experiments.cli import main
 from experiments.opl_sweep import OPLSweep, cells, method_rows
 
 TINY = [
-    "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.5", "--set", "n=400",
-    "--set", "seeds=0", "--set", "ks=0,1,3", "--set", "eval_contexts=2000",
-    "--set", "policy_epochs=4", "--set", "reward_epochs=4",
+    "--set",
+    "n_items=5",
+    "--set",
+    "ranking_length=3",
+    "--set",
+    "lam=0.5",
+    "--set",
+    "n=400",
+    "--set",
+    "seeds=0",
+    "--set",
+    "ks=0,1,3",
+    "--set",
+    "eval_contexts=2000",
+    "--set",
+    "policy_epochs=4",
+    "--set",
+    "reward_epochs=4",
 ]
 CONFIG = "experiments/configs/synthetic_opl_small.yaml"
 
@@ -69,8 +83,14 @@ def test_grid_and_rows():
         (["--set", "logging_policy=tests.user_logging:missing"], "has no attribute 'missing'"),
         (["--set", "seeds=0,0"], "seeds has duplicate values [0]"),
         (["--set", "lam=0.5,1.0,0.5"], "lam has duplicate values [0.5]"),
-        (["--set", "logging_policy=greedy"], "logging_policy for synthetic must be one of ['pl', 'uniform'] or 'module:function'"),
-        (["--set", "slot_marginals=magic"], "slot_marginals must be null or one of ('auto', 'exact', 'sampled', 'insertion')"),
+        (
+            ["--set", "logging_policy=greedy"],
+            "logging_policy for synthetic must be one of ['pl', 'uniform'] or 'module:function'",
+        ),
+        (
+            ["--set", "slot_marginals=magic"],
+            "slot_marginals must be null or one of ('auto', 'exact', 'sampled', 'insertion')",
+        ),
     ],
 )
 def test_sweep_config_errors(extra, message, capsys):
@@ -85,10 +105,30 @@ def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
     # local Ray instance must write the same table as one process (and print per-cell
     # progress lines as cells finish).
     small = [
-        "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.5", "--set", "n=300",
-        "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod", "--set", "ks=1",
-        "--set", "reward_models=additive", "--set", "eval_contexts=1000",
-        "--set", "policy_epochs=2", "--set", "reward_epochs=2", "--set", "vmap_seeds=true",
+        "--set",
+        "n_items=5",
+        "--set",
+        "ranking_length=3",
+        "--set",
+        "lam=0.5",
+        "--set",
+        "n=300",
+        "--set",
+        "seeds=0,1",
+        "--set",
+        "methods=ips,regression,rpod",
+        "--set",
+        "ks=1",
+        "--set",
+        "reward_models=additive",
+        "--set",
+        "eval_contexts=1000",
+        "--set",
+        "policy_epochs=2",
+        "--set",
+        "reward_epochs=2",
+        "--set",
+        "vmap_seeds=true",
     ]
     tables = {}
     backends = ["serial", "processes"]
@@ -100,8 +140,21 @@ def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
         pass  # reported below, after the other backends are checked
     for backend in backends:
         out = tmp_path / backend
-        args = ["sweep", "--config", CONFIG, *small, "--set", f"output_dir={out}", "--backend", backend,
-                "--workers", "2", "--compilation-cache", str(tmp_path / "jax"), "--json"]
+        args = [
+            "sweep",
+            "--config",
+            CONFIG,
+            *small,
+            "--set",
+            f"output_dir={out}",
+            "--backend",
+            backend,
+            "--workers",
+            "2",
+            "--compilation-cache",
+            str(tmp_path / "jax"),
+            "--json",
+        ]
         assert main(args) == 0
         captured = capsys.readouterr()
         assert json.loads(captured.out.strip().splitlines()[-1])["backend"] == backend
@@ -118,8 +171,21 @@ def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
 @pytest.mark.slow
 def test_k_selection_rows_point_at_fitted_rpod_values(tmp_path, capsys):
     out = tmp_path / "select"
-    args = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=rpod,rpod-ope,rpod-oracle", "--set", "ks=0,1,3",
-            "--set", "reward_models=pairwise", "--set", f"output_dir={out}", "--json"]
+    args = [
+        "sweep",
+        "--config",
+        CONFIG,
+        *TINY,
+        "--set",
+        "methods=rpod,rpod-ope,rpod-oracle",
+        "--set",
+        "ks=0,1,3",
+        "--set",
+        "reward_models=pairwise",
+        "--set",
+        f"output_dir={out}",
+        "--json",
+    ]
     assert main(args) == 0
     capsys.readouterr()
     with open(out / "results.csv") as f:
@@ -142,7 +208,12 @@ def test_user_logging_policy_from_module_function(tmp_path, capsys):
         (row,) = list(csv.DictReader(f))
     assert math.isfinite(float(row["V"])) and float(row["V0"]) != 0.0
     # A function returning the wrong shape fails the sweep with a message naming it.
-    assert main(base + ["--set", "logging_policy=tests.user_logging:wrong_shape", "--set", f"output_dir={tmp_path / 'bad'}"]) == 2
+    assert (
+        main(
+            base + ["--set", "logging_policy=tests.user_logging:wrong_shape", "--set", f"output_dir={tmp_path / 'bad'}"]
+        )
+        == 2
+    )
     assert "logging policy 'wrong_shape' returned logits of shape" in capsys.readouterr().err
 
 
@@ -156,8 +227,19 @@ def test_slot_marginals_reach_iips_and_leave_older_configs_hash(tmp_path, capsys
     values = {}
     for choice in ("exact", "insertion"):
         out = tmp_path / choice
-        args = ["sweep", "--config", CONFIG, *TINY, "--set", "methods=iips", "--set", f"slot_marginals={choice}",
-                "--set", f"output_dir={out}", "--json"]
+        args = [
+            "sweep",
+            "--config",
+            CONFIG,
+            *TINY,
+            "--set",
+            "methods=iips",
+            "--set",
+            f"slot_marginals={choice}",
+            "--set",
+            f"output_dir={out}",
+            "--json",
+        ]
         assert main(args) == 0
         capsys.readouterr()
         with open(out / "results.csv") as f:
@@ -176,7 +258,22 @@ def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
     tables = {}
     for vmapped in ("true", "false"):
         out = tmp_path / vmapped
-        assert main(["sweep", "--config", CONFIG, *two, "--set", f"vmap_seeds={vmapped}", "--set", f"output_dir={out}", "--json"]) == 0
+        assert (
+            main(
+                [
+                    "sweep",
+                    "--config",
+                    CONFIG,
+                    *two,
+                    "--set",
+                    f"vmap_seeds={vmapped}",
+                    "--set",
+                    f"output_dir={out}",
+                    "--json",
+                ]
+            )
+            == 0
+        )
         capsys.readouterr()
         with open(out / "results.csv") as f:
             tables[vmapped] = list(csv.DictReader(f))
@@ -191,10 +288,36 @@ def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
 def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     yahoo = "experiments/configs/semi_synthetic_yahoo.yaml"
     out = tmp_path / "yahoo"
-    args = ["sweep", "--config", yahoo, "--set", "n_items=5", "--set", "ranking_length=2", "--set", "lam=0.5",
-            "--set", "n=300", "--set", "seeds=0", "--set", "methods=ips,regression,rpod", "--set", "ks=1",
-            "--set", "reward_models=additive,pairwise-two-step", "--set", "eval_contexts=2000", "--set", "policy_epochs=3",
-            "--set", "reward_epochs=3", "--set", f"output_dir={out}", "--json"]
+    args = [
+        "sweep",
+        "--config",
+        yahoo,
+        "--set",
+        "n_items=5",
+        "--set",
+        "ranking_length=2",
+        "--set",
+        "lam=0.5",
+        "--set",
+        "n=300",
+        "--set",
+        "seeds=0",
+        "--set",
+        "methods=ips,regression,rpod",
+        "--set",
+        "ks=1",
+        "--set",
+        "reward_models=additive,pairwise-two-step",
+        "--set",
+        "eval_contexts=2000",
+        "--set",
+        "policy_epochs=3",
+        "--set",
+        "reward_epochs=3",
+        "--set",
+        f"output_dir={out}",
+        "--json",
+    ]
     assert main(args) == 0  # letor_path: dataset:yahoo_sample, shipped in simulators/data
     capsys.readouterr()
     with open(out / "results.csv") as f:
@@ -207,5 +330,8 @@ def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     # bad configs name the problem
     assert main(["sweep", "--config", yahoo, "--set", "logging_policy=pl", "--set", f"output_dir={out}"]) == 2
     assert "logging_policy for semi_synthetic must be one of" in capsys.readouterr().err
-    assert main(["sweep", "--config", CONFIG, "--set", "reward_models=pairwise-two-step", "--set", f"output_dir={out}"]) == 2
+    assert (
+        main(["sweep", "--config", CONFIG, "--set", "reward_models=pairwise-two-step", "--set", f"output_dir={out}"])
+        == 2
+    )
     assert "two-step reward models need logged rounds that share a context" in capsys.readouterr().err

@@ -71,7 +71,9 @@ def test_expected_debiased_loss_equals_the_loss_on_true_relevance(browsing, pair
     probs = np.array([prob for _, prob in outcomes])
     expected = {}
     for c in ("joint", "none", "individual"):
-        losses = np.asarray(unbiased_pairwise_loss(tiled, clicks, p, p_joint, pair_loss=pair_loss, correction=c)).reshape(len(outcomes), n)
+        losses = np.asarray(
+            unbiased_pairwise_loss(tiled, clicks, p, p_joint, pair_loss=pair_loss, correction=c)
+        ).reshape(len(outcomes), n)
         expected[c] = probs @ losses
     np.testing.assert_allclose(expected["joint"], truth, rtol=1e-4, atol=1e-4)
     # the naive click loss and the individual-only correction are biased here (the test can fail)
@@ -127,18 +129,25 @@ def test_clicked_rows_path_equals_all_pairs_and_respects_masks():
     clicks = jnp.asarray(rng.random((64, K)) < 0.4)
     mask = jnp.asarray(rng.random((64, K)) < 0.8)
     p, pj = model.examination(), model.joint_examination()
-    ranknet_dense = lambda a, b: jnp.stack([jnp.zeros_like(a - b), jax.nn.softplus(b - a), jax.nn.softplus(a - b), jnp.zeros_like(a - b)], -1)
+    ranknet_dense = lambda a, b: jnp.stack(
+        [jnp.zeros_like(a - b), jax.nn.softplus(b - a), jax.nn.softplus(a - b), jnp.zeros_like(a - b)], -1
+    )
     for correction in ("joint", "individual", "none"):
         fast = unbiased_pairwise_loss(scores, clicks, p, pj, where=mask, pair_loss="ranknet", correction=correction)
-        dense = unbiased_pairwise_loss(scores, clicks, p, pj, where=mask, pair_loss=ranknet_dense, correction=correction)
+        dense = unbiased_pairwise_loss(
+            scores, clicks, p, pj, where=mask, pair_loss=ranknet_dense, correction=correction
+        )
         np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), rtol=1e-5, atol=1e-5)
     capped = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, where=mask, max_clicks=2)
     full = unbiased_pairwise_loss(scores, clicks & (jnp.cumsum(clicks, 1) <= 2), p, pj, where=mask)
     np.testing.assert_allclose(np.asarray(capped), np.asarray(full), rtol=1e-6)
     # masked-out items never contribute
     changed = scores.at[:, 0].set(jnp.where(mask[:, 0], scores[:, 0], 99.0))
-    np.testing.assert_allclose(np.asarray(unbiased_pairwise_loss(changed, clicks, p, pj, where=mask)),
-                               np.asarray(unbiased_pairwise_loss(scores, clicks, p, pj, where=mask)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(unbiased_pairwise_loss(changed, clicks, p, pj, where=mask)),
+        np.asarray(unbiased_pairwise_loss(scores, clicks, p, pj, where=mask)),
+        rtol=1e-6,
+    )
 
 
 def test_bad_inputs_are_clear_errors():

@@ -25,14 +25,28 @@ def test_debiased_training_recovers_the_relevance_order_that_clicks_hide():
     shown_first = np.tile(np.linspace(1, 0, k), (q, 1))  # the logging ranker's order, a second feature
     features = np.stack([relevance_feature, shown_first], axis=-1).astype(np.float32)
     labels = np.floor(relevance_feature * 4.99)  # grades 0..4 from feature 0
-    logs = simulate_click_logs(make_key(0), labels, np.ones((q, k), bool), -np.arange(k)[None].repeat(q, 0) * 1.0,
-                               ClickModel("independent", k, eta=2.0), repeats=8)
+    logs = simulate_click_logs(
+        make_key(0),
+        labels,
+        np.ones((q, k), bool),
+        -np.arange(k)[None].repeat(q, 0) * 1.0,
+        ClickModel("independent", k, eta=2.0),
+        repeats=8,
+    )
     shown = features[logs.query[:, None], logs.docs]
     config = PairwiseTrainConfig(hidden=(), learning_rate=0.05, epochs=15, batch_lists=256)
     weights = {}
     for correction in ("none", "joint"):
-        ranker = train_pairwise_ranker(shown, logs.clicks, logs.mask, logs.examination,
-                                       logs.joint_examination, make_key(1), correction=correction, config=config)
+        ranker = train_pairwise_ranker(
+            shown,
+            logs.clicks,
+            logs.mask,
+            logs.examination,
+            logs.joint_examination,
+            make_key(1),
+            correction=correction,
+            config=config,
+        )
         kernel = np.asarray(ranker.params["params"]["Dense_0"]["kernel"])[:, 0]
         weights[correction] = kernel[1] / abs(kernel[0])  # weight on position relative to relevance
     assert weights["none"] > 0.3  # clicks reward being shown first
@@ -46,31 +60,80 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     q, k = 60, 5
     features = rng.normal(size=(q, k, 8)).astype(np.float32)  # noise features: overfitting is guaranteed
     labels = rng.integers(0, 5, size=(q, k)).astype(np.float64)
-    logs = simulate_click_logs(make_key(2), labels, np.ones((q, k), bool), rng.normal(size=(q, k)),
-                               ClickModel("independent", k, eta=1.0), repeats=4)
+    logs = simulate_click_logs(
+        make_key(2),
+        labels,
+        np.ones((q, k), bool),
+        rng.normal(size=(q, k)),
+        ClickModel("independent", k, eta=1.0),
+        repeats=4,
+    )
     shown = features[logs.query[:, None], logs.docs]
     held = logs.query < q // 3
     config = PairwiseTrainConfig(hidden=(32,), learning_rate=0.05, epochs=60, batch_lists=64, patience=3)
-    ranker = train_pairwise_ranker(shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
-                                   logs.joint_examination, make_key(4), config=config,
-                                   valid=(shown[held], logs.clicks[held], logs.mask[held]))
+    ranker = train_pairwise_ranker(
+        shown[~held],
+        logs.clicks[~held],
+        logs.mask[~held],
+        logs.examination,
+        logs.joint_examination,
+        make_key(4),
+        config=config,
+        valid=(shown[held], logs.clicks[held], logs.mask[held]),
+    )
     valid = [r["valid_loss"] for r in ranker.history]
     best = int(np.argmin(valid))
     assert len(valid) == best + 1 + config.patience < config.epochs  # stopped early, exactly patience after the best
     scores = ranker.scores(shown[held])
-    kept = float(np.mean(unbiased_pairwise_loss(scores, logs.clicks[held], logs.examination, logs.joint_examination,
-                                                where=logs.mask[held], pair_loss="ranknet", correction="joint")))
+    kept = float(
+        np.mean(
+            unbiased_pairwise_loss(
+                scores,
+                logs.clicks[held],
+                logs.examination,
+                logs.joint_examination,
+                where=logs.mask[held],
+                pair_loss="ranknet",
+                correction="joint",
+            )
+        )
+    )
     assert kept == pytest.approx(valid[best], rel=1e-5)
-    no_valid = train_pairwise_ranker(shown[~held], logs.clicks[~held], logs.mask[~held], logs.examination,
-                                     logs.joint_examination, make_key(4), config=config)
+    no_valid = train_pairwise_ranker(
+        shown[~held],
+        logs.clicks[~held],
+        logs.mask[~held],
+        logs.examination,
+        logs.joint_examination,
+        make_key(4),
+        config=config,
+    )
     assert len(no_valid.history) == config.epochs and "valid_loss" not in no_valid.history[0]
 
 
 @pytest.mark.slow
 def test_pairwise_command_writes_tables_and_resumes(tmp_path, capsys):
     out = tmp_path / "pw"
-    args = ["pairwise", "--config", CONFIG, "--set", "seeds=0", "--set", "browsing=continuous", "--set", "truncation=10",
-            "--set", "epochs=2", "--set", "repeats=2", "--set", "variants=biased,debiased", "--set", f"output_dir={out}", "--json"]
+    args = [
+        "pairwise",
+        "--config",
+        CONFIG,
+        "--set",
+        "seeds=0",
+        "--set",
+        "browsing=continuous",
+        "--set",
+        "truncation=10",
+        "--set",
+        "epochs=2",
+        "--set",
+        "repeats=2",
+        "--set",
+        "variants=biased,debiased",
+        "--set",
+        f"output_dir={out}",
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["cells"] == 1

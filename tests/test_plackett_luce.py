@@ -9,7 +9,6 @@ import pytest
 from scipy import stats
 
 from opl_rank import make_key
-
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
 from tests import reference as ref
@@ -147,7 +146,9 @@ def test_no_nan_or_inf_at_large_logit_scales(key, scale):
     grads = {
         "prefix": jax.grad(lambda s: pl.prefix_log_probs(s, rankings, where=where).sum())(logits),
         "placement": jax.grad(lambda s: jnp.exp(pl.placement_log_probs(s, rankings, where=where)).sum())(logits),
-        "exact marginals": jax.grad(lambda s: (marginals.exact_position_marginals(s, 4, where=where) ** 2).sum())(logits),
+        "exact marginals": jax.grad(lambda s: (marginals.exact_position_marginals(s, 4, where=where) ** 2).sum())(
+            logits
+        ),
     }
     for name, value in grads.items():
         assert bool(jnp.all(jnp.isfinite(value))), f"gradient of {name}"
@@ -162,7 +163,9 @@ def test_precision_at_large_logits_with_ties():
     lp = np.exp(np.asarray(pl.prefix_log_probs(logits, jnp.array([1, 0, 3, 2]))))
     np.testing.assert_allclose(lp, [0.5, 0.5, 0.25, 0.25], rtol=1e-6)
     marg = np.asarray(marginals.exact_position_marginals(logits, 4))
-    np.testing.assert_allclose(marg[:, :4], [[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]], atol=1e-6)
+    np.testing.assert_allclose(
+        marg[:, :4], [[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5], [0, 0, 0.5, 0.5]], atol=1e-6
+    )
 
 
 def test_neg_inf_logits_and_all_masked_rows_stay_finite(key):

@@ -6,12 +6,12 @@ import itertools
 import json
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import opl_rank
+import tests.plugins.epsilon_greedy as plugin  # registers "EpsilonGreedyPolicy" and "eps-greedy"
 from opl_rank import make_key
 from opl_rank.data import LoggedData
 from opl_rank.io.persistence import load_policy, read_policy_spec, register_policy_class, save_policy
@@ -22,11 +22,11 @@ from opl_rank.opl.reward_models import fit_reward_model
 from opl_rank.optimization import TrainConfig
 from simulators import SyntheticRankingEnv
 
-import tests.plugins.epsilon_greedy as plugin  # registers "EpsilonGreedyPolicy" and "eps-greedy"
-
 D, L = 4, 2
-FAST = dict(train=TrainConfig(epochs=3, batch_size=128, learning_rate=5e-2),
-            reward_train=TrainConfig(epochs=20, batch_size=128, learning_rate=5e-2))
+FAST = dict(
+    train=TrainConfig(epochs=3, batch_size=128, learning_rate=5e-2),
+    reward_train=TrainConfig(epochs=20, batch_size=128, learning_rate=5e-2),
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,13 @@ def _enumerated(policy, context, where=None):
     from its definition (not from the policy's propensities)."""
     allowed = list(range(D)) if where is None else [i for i in range(D) if where[i]]
     rankings = np.array(list(itertools.permutations(allowed, L)), np.int32)
-    greedy = np.asarray(greedy_rankings(policy.base, context, where=None if where is None else
-                                        jnp.broadcast_to(jnp.asarray(where), (context.shape[0], D))))
+    greedy = np.asarray(
+        greedy_rankings(
+            policy.base,
+            context,
+            where=None if where is None else jnp.broadcast_to(jnp.asarray(where), (context.shape[0], D)),
+        )
+    )
     same = np.all(rankings[None, :, :] == greedy[:, None, :], axis=-1)
     probs = (1 - policy.epsilon) * same + policy.epsilon / len(rankings)
     return rankings, probs
@@ -54,9 +59,12 @@ def _rows(context, rankings, where=None):
     m, p = context.shape[0], rankings.shape[0]
     mask = None if where is None else np.broadcast_to(np.asarray(where), (m * p, D))
     return LoggedData(
-        context=jnp.repeat(context, p, axis=0), ranking=jnp.asarray(np.tile(rankings, (m, 1))),
-        reward=jnp.zeros((m * p, L), jnp.float32), log_pi0_prefix=jnp.full((m * p, L), -1.0, jnp.float32),
-        position_weight=jnp.ones((L,), jnp.float32), n_items=D,
+        context=jnp.repeat(context, p, axis=0),
+        ranking=jnp.asarray(np.tile(rankings, (m, 1))),
+        reward=jnp.zeros((m * p, L), jnp.float32),
+        log_pi0_prefix=jnp.full((m * p, L), -1.0, jnp.float32),
+        position_weight=jnp.ones((L,), jnp.float32),
+        n_items=D,
         log_pi0_position_marginal=jnp.full((m * p, L), -1.0, jnp.float32),
         item_mask=None if mask is None else jnp.asarray(mask),
     )
@@ -101,8 +109,11 @@ def test_fit_save_load_gives_the_same_policy(setting, tmp_path):
     document = json.loads((tmp_path / "p" / "policy.json").read_text())
     document["policy"]["class"] = "Nope"
     (tmp_path / "p" / "policy.json").write_text(json.dumps(document))
-    with pytest.raises(ValueError, match=r"unknown policy class 'Nope' \(known: PLPolicy, RegressionPolicy, "
-                                         r"TwoStagePolicy, .*EpsilonGreedyPolicy.*'tests.plugins.epsilon_greedy'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown policy class 'Nope' \(known: PLPolicy, RegressionPolicy, "
+        r"TwoStagePolicy, .*EpsilonGreedyPolicy.*'tests.plugins.epsilon_greedy'",
+    ):
         load_policy(tmp_path / "p")
 
 
@@ -128,7 +139,11 @@ def test_propensities_are_exact_against_enumeration(setting, masked):
     log_prob = policy.log_prob(rows.context, rows.ranking, where=rows.item_mask)
     np.testing.assert_allclose(np.exp(np.asarray(log_prob)), probs.reshape(-1), atol=1e-5)
     # greedy: the most probable ranking; samples follow the mixture
-    greedy = np.asarray(greedy_rankings(policy, context, where=None if where is None else jnp.broadcast_to(jnp.asarray(where), (len(context), D))))
+    greedy = np.asarray(
+        greedy_rankings(
+            policy, context, where=None if where is None else jnp.broadcast_to(jnp.asarray(where), (len(context), D))
+        )
+    )
     assert np.array_equal(greedy, rankings[np.argmax(probs, axis=1)])
     many = jnp.repeat(context, 2000, axis=0)
     mask = None if where is None else jnp.broadcast_to(jnp.asarray(where), (many.shape[0], D))
@@ -140,8 +155,14 @@ def test_propensities_are_exact_against_enumeration(setting, masked):
 def test_evaluate_and_the_true_value(setting):
     env, data, policy = setting
     model = fit_reward_model(data, make_key(5), config=FAST["reward_train"])
-    got = ope.evaluate(policy, data, make_key(6), estimators=("ips", "snips", "iips", "rips", "dm", "dr"),
-                       reward_model=model, ci="normal")
+    got = ope.evaluate(
+        policy,
+        data,
+        make_key(6),
+        estimators=("ips", "snips", "iips", "rips", "dm", "dr"),
+        reward_model=model,
+        ci="normal",
+    )
     log_w = np.asarray(policy.log_prob(data.context, data.ranking) - data.log_pi0_prefix[:, -1], np.float64)
     big_r = np.asarray(data.reward @ data.position_weight, np.float64)
     assert got["ips"].value == pytest.approx(np.mean(np.exp(log_w) * big_r), rel=1e-4)
@@ -174,10 +195,22 @@ def test_fit_seeds_loops_over_a_plugin_learner(setting):
 def test_the_plugin_learner_is_swept(tmp_path):
     from experiments.opl_sweep import OPLSweep, run_sweep
 
-    sweep = OPLSweep(n_items=(5,), ranking_length=(3,), tau=(1.0,), lam=(0.0,), n=(300,), seeds=(0,),
-                     methods=("eps-greedy", "ips"), reward_models=("additive",), ks=(0,), eval_contexts=2000,
-                     policy_epochs=2, reward_epochs=5, plugins=("tests.plugins.epsilon_greedy",),
-                     output_dir=str(tmp_path / "sweep"))
+    sweep = OPLSweep(
+        n_items=(5,),
+        ranking_length=(3,),
+        tau=(1.0,),
+        lam=(0.0,),
+        n=(300,),
+        seeds=(0,),
+        methods=("eps-greedy", "ips"),
+        reward_models=("additive",),
+        ks=(0,),
+        eval_contexts=2000,
+        policy_epochs=2,
+        reward_epochs=5,
+        plugins=("tests.plugins.epsilon_greedy",),
+        output_dir=str(tmp_path / "sweep"),
+    )
     summary = run_sweep(sweep, echo=lambda line: None)
     with open(summary["results"]) as f:
         rows = list(csv.DictReader(f))
@@ -206,18 +239,46 @@ def test_the_command_line_fits_evaluates_and_ranks_with_a_plugin(tmp_path):
 
     logs, policy_dir = str(tmp_path / "logs.npz"), str(tmp_path / "policy")
     run("simulate", "-D", "4", "-L", "2", "--n", "300", "--value-contexts", "200", "--out", logs, "--json", "-q")
-    fitted = run("fit", *plugin_args, "--data", logs, "--method", "eps-greedy", "--epochs", "2",
-                 "--reward-epochs", "5", "--out", policy_dir, "--json", "-q")
+    fitted = run(
+        "fit",
+        *plugin_args,
+        "--data",
+        logs,
+        "--method",
+        "eps-greedy",
+        "--epochs",
+        "2",
+        "--reward-epochs",
+        "5",
+        "--out",
+        policy_dir,
+        "--json",
+        "-q",
+    )
     assert fitted["policy"] == "EpsilonGreedyPolicy"
     report = run("evaluate", *plugin_args, "--policy", policy_dir, "--data", logs, "--json")
     assert math.isfinite(report["estimates"]["ips"]["value"])
     data = LoggedData.load(logs)
     pd.DataFrame({"id": np.arange(5), "context": list(np.asarray(data.context[:5]))}).to_parquet(tmp_path / "c.parquet")
-    run("rank", *plugin_args, "--policy", policy_dir, "--contexts", str(tmp_path / "c.parquet"),
-        "--out", str(tmp_path / "r.parquet"), "--json")
+    run(
+        "rank",
+        *plugin_args,
+        "--policy",
+        policy_dir,
+        "--contexts",
+        str(tmp_path / "c.parquet"),
+        "--out",
+        str(tmp_path / "r.parquet"),
+        "--json",
+    )
     ranked = pd.read_parquet(tmp_path / "r.parquet")
     expected = np.asarray(load_policy(policy_dir).greedy(data.context[:5]))
     assert np.asarray(ranked["ranking"].tolist()).tolist() == expected.tolist()
-    missing = subprocess.run([*cli, "evaluate", "--policy", policy_dir, "--data", logs], cwd=root,
-                             capture_output=True, text=True, timeout=300)
+    missing = subprocess.run(
+        [*cli, "evaluate", "--policy", policy_dir, "--data", logs],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert missing.returncode == 2 and "EpsilonGreedyPolicy" in missing.stderr

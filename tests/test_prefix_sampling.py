@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from opl_rank.pl import gradients as le
 from opl_rank import make_key
+from opl_rank.pl import gradients as le
 from opl_rank.pl import plackett_luce as pl
 from opl_rank.pl import prefix_sampling as ps
 from tests import reference as ref
@@ -83,9 +83,7 @@ def test_slot_marginals_match_float64_at_forty_items():
 
 
 def test_masks_padding_and_peaked_rows():
-    logits = jnp.array([[5.0, 0.0, 3.0, 1.0, 9.0] + [0.0] * 35,
-                        [0.0] * 40,
-                        [300.0] + [0.0] * 38 + [-300.0]])
+    logits = jnp.array([[5.0, 0.0, 3.0, 1.0, 9.0] + [0.0] * 35, [0.0] * 40, [300.0] + [0.0] * 38 + [-300.0]])
     where = jnp.ones((3, 40), bool).at[0, 4].set(False).at[1, 2:].set(False)
     y = np.asarray(ps.sample_prefixes(make_key(0), logits, 3, 500, where=where))
     assert all(len(set(r)) == 3 for r in y.reshape(-1, 3).tolist())  # no item twice
@@ -94,8 +92,9 @@ def test_masks_padding_and_peaked_rows():
     assert not np.any(np.asarray(where)[1, y[:, 1, 2]])  # ... then a padding item
     assert set(y[:, 2, 0].tolist()) == {0}  # row 3: the dominant item first, then the rest
     lp = ps.shared_slot_log_probs(logits, jnp.asarray(y), where=where)
-    want = pl.slot_log_probs(jnp.broadcast_to(logits, (500, 3, 40)), jnp.asarray(y),
-                             where=jnp.broadcast_to(where, (500, 3, 40)))
+    want = pl.slot_log_probs(
+        jnp.broadcast_to(logits, (500, 3, 40)), jnp.asarray(y), where=jnp.broadcast_to(where, (500, 3, 40))
+    )
     np.testing.assert_allclose(lp, want, atol=2e-5)
     assert np.all(np.asarray(lp)[:, 1, 2] == 0.0)  # padding has probability 1
 
@@ -140,9 +139,13 @@ def test_score_function_gradient_through_the_prefix_sampler_is_unbiased():
         return jnp.sum(pl.enumerate_ranking_probs(s, rankings) * value[None, :])
 
     keys = jax.random.split(make_key(9), 2000)
-    grads = jax.vmap(lambda k: jax.grad(lambda s: le.sampled_policy_gradient(s, reward_fn, 2, k, 8).sum())(logits))(keys)
+    grads = jax.vmap(lambda k: jax.grad(lambda s: le.sampled_policy_gradient(s, reward_fn, 2, k, 8).sum())(logits))(
+        keys
+    )
     grads = np.asarray(grads, np.float64)
-    z = np.abs(grads.mean(0) - np.asarray(jax.grad(exact)(logits))) / (grads.std(0, ddof=1) / np.sqrt(len(grads)) + 1e-7)
+    z = np.abs(grads.mean(0) - np.asarray(jax.grad(exact)(logits))) / (
+        grads.std(0, ddof=1) / np.sqrt(len(grads)) + 1e-7
+    )
     assert z.max() < 4.5
 
 
@@ -190,8 +193,14 @@ def test_ltr_estimators_on_the_prefix_sampler_are_unbiased(name):
 @pytest.mark.parametrize("n_items", [1, 7, 31, 32, 33, 100, 511, 512, 1000])
 def test_search_counts_entries_at_or_below_the_target(n_items):
     table = jnp.sort(jax.random.uniform(make_key(n_items), (3, n_items)), axis=-1)
-    table = table.at[:, n_items // 2:].set(table[:, n_items // 2:n_items // 2 + 1])  # ties
-    targets = jnp.concatenate([jax.random.uniform(make_key(1), (5, 3)) * 1.1 - 0.05,
-                               table[None, :, 0], table[None, :, n_items // 2], table[None, :, -1]])
+    table = table.at[:, n_items // 2 :].set(table[:, n_items // 2 : n_items // 2 + 1])  # ties
+    targets = jnp.concatenate(
+        [
+            jax.random.uniform(make_key(1), (5, 3)) * 1.1 - 0.05,
+            table[None, :, 0],
+            table[None, :, n_items // 2],
+            table[None, :, -1],
+        ]
+    )
     want = np.sum(np.asarray(table)[None] <= np.asarray(targets)[..., None], axis=-1)
     np.testing.assert_array_equal(ps._search(table, targets), want)

@@ -59,9 +59,15 @@ def test_everything_in_all_exists():
 
 def test_position_marginals_live_in_one_module():
     """Moved out of ``plackett_luce`` with no re-export left behind."""
-    for name in ("PositionMarginals", "exact_position_marginals", "exact_slot_marginals",
-                 "exact_ranked_item_marginals", "estimate_position_marginals", "position_marginals",
-                 "QUADRATURE_NODES"):
+    for name in (
+        "PositionMarginals",
+        "exact_position_marginals",
+        "exact_slot_marginals",
+        "exact_ranked_item_marginals",
+        "estimate_position_marginals",
+        "position_marginals",
+        "QUADRATURE_NODES",
+    ):
         assert hasattr(opl_rank.pl.marginals, name), name
         assert not hasattr(opl_rank.pl.plackett_luce, name), name
     assert not hasattr(importlib.import_module("opl_rank.data"), "dcg_position_weights")
@@ -78,13 +84,15 @@ def test_old_module_paths_are_the_new_modules_and_warn(old):
 
 
 def test_old_from_imports_still_work_in_a_fresh_process():
-    code = ("import warnings; warnings.simplefilter('error')\n"
-            "from opl_rank import ope, learners, marginals  # top-level names: no warning\n"
-            "warnings.simplefilter('ignore')\n"
-            "from opl_rank.learners import LearnerConfig\n"
-            "from opl_rank.interop.obp import from_obp_slate\n"
-            "import opl_rank.opl.learners as new\n"
-            "assert LearnerConfig is new.LearnerConfig\n")
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "from opl_rank import ope, learners, marginals  # top-level names: no warning\n"
+        "warnings.simplefilter('ignore')\n"
+        "from opl_rank.learners import LearnerConfig\n"
+        "from opl_rank.interop.obp import from_obp_slate\n"
+        "import opl_rank.opl.learners as new\n"
+        "assert LearnerConfig is new.LearnerConfig\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=pathlib.Path(__file__).parents[1])
 
 
@@ -103,8 +111,7 @@ def test_the_pl_layer_imports_nothing_above_it():
     """opl_rank.pl is the bottom layer: it may import itself and the tuning constants only."""
     root = pathlib.Path(opl_rank.__file__).parent / "pl"
     allowed = ("opl_rank.pl", "opl_rank.tuning")
-    bad = {f.name: sorted(m for m in _opl_rank_imports(f) if not m.startswith(allowed))
-           for f in root.glob("*.py")}
+    bad = {f.name: sorted(m for m in _opl_rank_imports(f) if not m.startswith(allowed)) for f in root.glob("*.py")}
     assert not {f: m for f, m in bad.items() if m}
 
 

@@ -53,10 +53,33 @@ def test_an_outside_estimator_runs_in_a_sweep(plugin, tmp_path):
     from experiments.cli import main
 
     out = tmp_path / "sweep"
-    args = ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", "--set", "plugins=tests.plugins.clipped_snips",
-            "--set", f"methods=ips,{plugin}", "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.0",
-            "--set", "n=500", "--set", "seeds=0", "--set", "eval_contexts=2000", "--set", "policy_epochs=3", "--set", "ks=0,1",
-            "--set", f"output_dir={out}"]
+    args = [
+        "sweep",
+        "--config",
+        "experiments/configs/synthetic_opl_small.yaml",
+        "--set",
+        "plugins=tests.plugins.clipped_snips",
+        "--set",
+        f"methods=ips,{plugin}",
+        "--set",
+        "n_items=5",
+        "--set",
+        "ranking_length=3",
+        "--set",
+        "lam=0.0",
+        "--set",
+        "n=500",
+        "--set",
+        "seeds=0",
+        "--set",
+        "eval_contexts=2000",
+        "--set",
+        "policy_epochs=3",
+        "--set",
+        "ks=0,1",
+        "--set",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
@@ -70,14 +93,48 @@ def test_an_outside_environment_is_swept(tmp_path):
     from simulators import environments
 
     out = tmp_path / "toy"
-    args = ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", "--set", "plugins=tests.plugins.toy_environment",
-            "--set", "simulator=toy", "--set", "logging_policy=uniform", "--set", "methods=ips,regression",
-            "--set", "reward_models=additive", "--set", "n_items=4", "--set", "ranking_length=2", "--set", "lam=0.0",
-            "--set", "n=400", "--set", "seeds=0", "--set", "eval_contexts=2000", "--set", "policy_epochs=3", "--set", "ks=0,1",
-            "--set", "reward_epochs=30", "--set", f"output_dir={out}"]
+    args = [
+        "sweep",
+        "--config",
+        "experiments/configs/synthetic_opl_small.yaml",
+        "--set",
+        "plugins=tests.plugins.toy_environment",
+        "--set",
+        "simulator=toy",
+        "--set",
+        "logging_policy=uniform",
+        "--set",
+        "methods=ips,regression",
+        "--set",
+        "reward_models=additive",
+        "--set",
+        "n_items=4",
+        "--set",
+        "ranking_length=2",
+        "--set",
+        "lam=0.0",
+        "--set",
+        "n=400",
+        "--set",
+        "seeds=0",
+        "--set",
+        "eval_contexts=2000",
+        "--set",
+        "policy_epochs=3",
+        "--set",
+        "ks=0,1",
+        "--set",
+        "reward_epochs=30",
+        "--set",
+        f"output_dir={out}",
+    ]
     assert main(args) == 0
-    assert isinstance(environments.create("toy", make_key(0), n_items=4, ranking_length=2, lam=0.0, tau=1.0,
-                                          logging_policy="uniform"), environments.Environment)
+    assert isinstance(
+        environments.create(
+            "toy", make_key(0), n_items=4, ranking_length=2, lam=0.0, tau=1.0, logging_policy="uniform"
+        ),
+        environments.Environment,
+    )
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["ips", "regression"] and {r["simulator"] for r in rows} == {"toy"}

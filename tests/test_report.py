@@ -8,8 +8,25 @@ import pytest
 from experiments.cli import main
 from experiments.report import gain_table, load_rows, markdown_report, method_label, winners
 
-COLUMNS = ["simulator", "method", "k", "reward_model", "lambda", "n", "D", "L", "tau", "seed",
-           "V", "V_se", "V0", "V_star", "V_star_method", "normalized_gain", "fit_seconds"]
+COLUMNS = [
+    "simulator",
+    "method",
+    "k",
+    "reward_model",
+    "lambda",
+    "n",
+    "D",
+    "L",
+    "tau",
+    "seed",
+    "V",
+    "V_se",
+    "V0",
+    "V_star",
+    "V_star_method",
+    "normalized_gain",
+    "fit_seconds",
+]
 
 
 def _rows():
@@ -22,9 +39,27 @@ def _rows():
     rows = []
     for (method, k, model), values in gains.items():
         for seed, g in enumerate(values):
-            rows.append(dict(simulator="synthetic", method=method, k=k, reward_model=model, **{"lambda": 1.0},
-                             n=1000, D=10, L=5, tau=1.0, seed=seed, V=g, V_se=0.01, V0=0.0, V_star=1.0,
-                             V_star_method="exact", normalized_gain=g, fit_seconds=1.0))
+            rows.append(
+                dict(
+                    simulator="synthetic",
+                    method=method,
+                    k=k,
+                    reward_model=model,
+                    **{"lambda": 1.0},
+                    n=1000,
+                    D=10,
+                    L=5,
+                    tau=1.0,
+                    seed=seed,
+                    V=g,
+                    V_se=0.01,
+                    V0=0.0,
+                    V_star=1.0,
+                    V_star_method="exact",
+                    normalized_gain=g,
+                    fit_seconds=1.0,
+                )
+            )
     return rows
 
 
@@ -42,7 +77,9 @@ def test_winner_and_paired_margins():
     assert w["best"] == "rpod(k=2)/pairwise" and w["runner_up"] == "regression/pairwise"
     mean, se, won = w["margin_over_regression"]
     assert mean == pytest.approx(0.02666667) and won == 3
-    assert se == pytest.approx(math.sqrt(((0.03 - 0.0266667) ** 2 + (0.03 - 0.0266667) ** 2 + (0.02 - 0.0266667) ** 2) / 2 / 3), rel=1e-4)
+    assert se == pytest.approx(
+        math.sqrt(((0.03 - 0.0266667) ** 2 + (0.03 - 0.0266667) ** 2 + (0.02 - 0.0266667) ** 2) / 2 / 3), rel=1e-4
+    )
 
 
 def test_report_cli_reads_a_results_csv(tmp_path, capsys):
@@ -73,9 +110,21 @@ def test_k_selection_against_the_true_best_k():
     rows = _rows()
     # seed 0: OPE picks k=2 (the true best), seed 1: k=0 (regret 0.03), seed 2: k=2
     for seed, chosen in enumerate([2, 0, 2]):
-        gain = next(r["normalized_gain"] for r in rows if r["method"] == "rpod" and r["k"] == chosen and r["seed"] == seed)
-        rows.append(dict(rows[0], method="rpod-ope", k=None, seed=seed, k_selected=chosen, selector="ope:dr",
-                         V=gain, normalized_gain=gain))
+        gain = next(
+            r["normalized_gain"] for r in rows if r["method"] == "rpod" and r["k"] == chosen and r["seed"] == seed
+        )
+        rows.append(
+            dict(
+                rows[0],
+                method="rpod-ope",
+                k=None,
+                seed=seed,
+                k_selected=chosen,
+                selector="ope:dr",
+                V=gain,
+                normalized_gain=gain,
+            )
+        )
     (record,) = k_selection(rows)
     assert record["selector"] == "ope:dr" and record["best"] == [2, 2, 2] and record["chosen"] == [2, 0, 2]
     assert record["hit"] == pytest.approx(2 / 3)

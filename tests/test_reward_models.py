@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from opl_rank import make_key
-from opl_rank.pl import plackett_luce as pl
-from opl_rank.optimization import TrainConfig
 from opl_rank.opl.reward_models import fit_reward_model
+from opl_rank.optimization import TrainConfig
+from opl_rank.pl import plackett_luce as pl
 from simulators import SyntheticRankingEnv
 
 FAST = TrainConfig(epochs=25, batch_size=256, learning_rate=3e-2)
@@ -42,7 +42,9 @@ def test_pairwise_model_captures_interactions_the_additive_cannot(fitted):
 
 def test_additive_model_is_accurate_without_interaction():
     env = SyntheticRankingEnv.create(make_key(5), n_items=6, ranking_length=3, lam=0.0)
-    model = fit_reward_model(env.sample_logged_data(make_key(6), 4000), make_key(7), kind="additive", config=FAST, target="slots")
+    model = fit_reward_model(
+        env.sample_logged_data(make_key(6), 4000), make_key(7), kind="additive", config=FAST, target="slots"
+    )
     rmse, sd = _rmse(env, model, env.sample_contexts(make_key(8), 300))
     assert rmse < 0.1 * sd
 
@@ -86,7 +88,8 @@ def test_exhaustive_beam_search_is_the_exact_argmax(fitted, k):
     wide = dataclasses.replace(exact, max_enumerated=0, beam_width=120)
     np.testing.assert_allclose(
         np.asarray(wide.predict(x, wide.complete(x, prefixes))),
-        np.asarray(exact.predict(x, exact.complete(x, prefixes))), atol=1e-4,
+        np.asarray(exact.predict(x, exact.complete(x, prefixes))),
+        atol=1e-4,
     )
     narrow = np.asarray(dataclasses.replace(exact, max_enumerated=0, beam_width=3).complete(x, prefixes))
     assert all(len(set(row)) == 3 for row in narrow.tolist())

@@ -22,8 +22,15 @@ def letor():
 
 @pytest.fixture(scope="module")
 def env(letor):
-    return SemiSyntheticEnv.create(make_key(0), letor, n_items=10, ranking_length=3, lam=0.5, logging_policy="random_forest",
-                                   forest_options={"n_estimators": 30})
+    return SemiSyntheticEnv.create(
+        make_key(0),
+        letor,
+        n_items=10,
+        ranking_length=3,
+        lam=0.5,
+        logging_policy="random_forest",
+        forest_options={"n_estimators": 30},
+    )
 
 
 def test_queries_documents_and_rewards_follow_the_paper(letor, env):
@@ -49,15 +56,24 @@ def test_queries_documents_and_rewards_follow_the_paper(letor, env):
 
 @pytest.mark.slow
 def test_random_forest_logging_prefers_relevant_documents(env, letor):
-    uniform = SemiSyntheticEnv.create(make_key(0), letor, n_items=10, ranking_length=3, lam=0.5, logging_policy="uniform")
+    uniform = SemiSyntheticEnv.create(
+        make_key(0), letor, n_items=10, ranking_length=3, lam=0.5, logging_policy="uniform"
+    )
     v_forest = env.logging_policy_value(make_key(2), 20_000)
     v_uniform = uniform.logging_policy_value(make_key(2), 20_000)
     v_star, method = env.optimal_value(make_key(3), 20_000)
     assert method == "exact"  # 10 * 9 * 8 rankings
     assert v_uniform.value < v_forest.value - 4 * np.hypot(v_uniform.stderr, v_forest.stderr)
     assert v_forest.value < v_star.value
-    colder = SemiSyntheticEnv.create(make_key(0), letor, n_items=10, ranking_length=3, lam=0.5, logging_temperature=0.2,
-                                     forest_options={"n_estimators": 30})
+    colder = SemiSyntheticEnv.create(
+        make_key(0),
+        letor,
+        n_items=10,
+        ranking_length=3,
+        lam=0.5,
+        logging_temperature=0.2,
+        forest_options={"n_estimators": 30},
+    )
     assert colder.logging_policy_value(make_key(2), 20_000).value > v_forest.value
 
 
@@ -103,8 +119,14 @@ def test_shared_prefix_pairs_group_by_context_and_prefix():
 
     context = jnp.asarray([[0.0], [1.0], [0.0], [0.0], [1.0], [2.0]])
     ranking = jnp.asarray([[0, 1], [0, 2], [0, 2], [1, 0], [0, 1], [0, 1]], jnp.int32)
-    data = LoggedData(context=context, ranking=ranking, reward=jnp.zeros((6, 2)), log_pi0_prefix=jnp.full((6, 2), -1.0),
-                      position_weight=dcg_position_weights(2), n_items=3)
+    data = LoggedData(
+        context=context,
+        ranking=ranking,
+        reward=jnp.zeros((6, 2)),
+        log_pi0_prefix=jnp.full((6, 2), -1.0),
+        position_weight=dcg_position_weights(2),
+        n_items=3,
+    )
     pairs = {tuple(sorted(p)) for p in zip(*shared_prefix_pairs(data, 1))}
     assert pairs == {(0, 2), (1, 4)}  # same context and first item; row 3 (other first item) and 5 alone
     by_context = {tuple(sorted(p)) for p in zip(*shared_prefix_pairs(data, 0))}  # k = 0: context only
@@ -118,7 +140,9 @@ def test_two_step_reward_model_learns_within_prefix_differences(env):
     lam1 = env.with_lambda(1.0)
     data = lam1.sample_logged_data(make_key(7), 2500)
     config = TrainConfig(epochs=15, batch_size=256, learning_rate=0.03)
-    model = fit_reward_model(data, make_key(8), kind="pairwise-two-step", config=config, item_feature_dim=300, two_step_k=1)
+    model = fit_reward_model(
+        data, make_key(8), kind="pairwise-two-step", config=config, item_feature_dim=300, two_step_k=1
+    )
     x = lam1.sample_contexts(make_key(9), 2000)
     first = jax.random.randint(make_key(10), (2000,), 0, 10)
 

@@ -14,10 +14,27 @@ from experiments.opl_sweep import OPLSweep, cells, run_sweep
 from experiments.report import load_rows, markdown_report
 from experiments.sweep_config import cell_name, load_sweep, resolved_config
 
-TINY = dict(n_items=(5,), ranking_length=(3,), lam=(0.5,), n=(300,), seeds=(0,), methods=("ips", "regression"),
-            reward_models=("additive",), eval_contexts=1000, policy_epochs=2, reward_epochs=3)
-TOY = dict(TINY, plugins=("tests.plugins.toy_environment",), simulator="toy", logging_policy="uniform",
-           n_items=(4,), ranking_length=(2,), lam=(0.0,))
+TINY = dict(
+    n_items=(5,),
+    ranking_length=(3,),
+    lam=(0.5,),
+    n=(300,),
+    seeds=(0,),
+    methods=("ips", "regression"),
+    reward_models=("additive",),
+    eval_contexts=1000,
+    policy_epochs=2,
+    reward_epochs=3,
+)
+TOY = dict(
+    TINY,
+    plugins=("tests.plugins.toy_environment",),
+    simulator="toy",
+    logging_policy="uniform",
+    n_items=(4,),
+    ranking_length=(2,),
+    lam=(0.0,),
+)
 
 
 def _rows(folder):
@@ -48,15 +65,20 @@ def test_an_axis_the_paper_does_not_have_runs_with_no_library_edit(tmp_path):
     the sweep that fixes interaction_scale to its value."""
     axes = OPLSweep(**TINY, axes={"interaction_scale": [0.5, 2.0]}, output_dir=str(tmp_path / "axes"))
     assert [c["interaction_scale"] for c in cells(axes)] == [0.5, 2.0]
-    assert [cell_name(c) for c in cells(axes)] == ["D5_L3_tau1.0_lam0.5_seed0_n300_interaction_scale0.5",
-                                                   "D5_L3_tau1.0_lam0.5_seed0_n300_interaction_scale2.0"]
+    assert [cell_name(c) for c in cells(axes)] == [
+        "D5_L3_tau1.0_lam0.5_seed0_n300_interaction_scale0.5",
+        "D5_L3_tau1.0_lam0.5_seed0_n300_interaction_scale2.0",
+    ]
     run_sweep(axes, echo=_quiet)
     rows = _rows(tmp_path / "axes")
     assert list(rows[0])[list(rows[0]).index("seed") + 1] == "interaction_scale"
     fixed = OPLSweep(**TINY, interaction_scale=2.0, output_dir=str(tmp_path / "fixed"))
     run_sweep(fixed, echo=_quiet)
-    same = [{k: v for k, v in r.items() if k not in ("interaction_scale", "fit_seconds")}
-            for r in rows if r["interaction_scale"] == "2.0"]
+    same = [
+        {k: v for k, v in r.items() if k not in ("interaction_scale", "fit_seconds")}
+        for r in rows
+        if r["interaction_scale"] == "2.0"
+    ]
     assert same == [{k: v for k, v in r.items() if k != "fit_seconds"} for r in _rows(tmp_path / "fixed")]
     small = [r for r in rows if r["interaction_scale"] == "0.5"]
     assert small[0]["V_star"] != same[0]["V_star"]  # another environment
@@ -77,7 +99,9 @@ def test_a_learner_option_and_a_simulator_option_are_axes(tmp_path):
     by = {(r["score_scale"], r["policy_epochs"], r["method"]): r for r in rows}
     # Additive rewards scale with the item scores: V* and V(pi_0) three times larger.
     for column in ("V_star", "V0"):
-        assert float(by[("3.0", "1", "ips")][column]) == pytest.approx(3 * float(by[("1.0", "1", "ips")][column]), rel=1e-4)
+        assert float(by[("3.0", "1", "ips")][column]) == pytest.approx(
+            3 * float(by[("1.0", "1", "ips")][column]), rel=1e-4
+        )
     assert by[("1.0", "1", "ips")]["V"] != by[("1.0", "3", "ips")]["V"]  # more epochs, another policy
     fixed = OPLSweep(**dict(TOY, policy_epochs=3), env_options={"score_scale": 3.0}, output_dir=str(tmp_path / "fixed"))
     run_sweep(fixed, echo=_quiet)
@@ -85,16 +109,19 @@ def test_a_learner_option_and_a_simulator_option_are_axes(tmp_path):
     assert ips["V"] == by[("3.0", "3", "ips")]["V"]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (dict(axes={"tau": [1.0, 2.0]}), "'tau' is a grid key of its own"),
-    (dict(axes={"no_such_option": [1, 2]}), "neither a config key that can vary"),
-    (dict(axes={"output_dir": ["a", "b"]}), "neither a config key that can vary"),
-    (dict(axes={"interaction_scale": [1.0, 1.0]}), "duplicate values"),
-    (dict(axes={"policy_epochs": ["many"]}), "policy_epochs"),
-    (dict(axes={"sigma": []}), "must not be empty"),
-    (dict(env_options={"eta": 1.0}), "has no option 'eta'"),
-    (dict(axes=[1, 2]), "axes must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (dict(axes={"tau": [1.0, 2.0]}), "'tau' is a grid key of its own"),
+        (dict(axes={"no_such_option": [1, 2]}), "neither a config key that can vary"),
+        (dict(axes={"output_dir": ["a", "b"]}), "neither a config key that can vary"),
+        (dict(axes={"interaction_scale": [1.0, 1.0]}), "duplicate values"),
+        (dict(axes={"policy_epochs": ["many"]}), "policy_epochs"),
+        (dict(axes={"sigma": []}), "must not be empty"),
+        (dict(env_options={"eta": 1.0}), "has no option 'eta'"),
+        (dict(axes=[1, 2]), "axes must be a mapping"),
+    ],
+)
 def test_bad_axes_are_errors_naming_them(extra, message):
     with pytest.raises(ValueError, match=message):
         OPLSweep(**TINY, **extra)
@@ -117,7 +144,10 @@ def test_a_cell_of_another_version_is_not_reused_silently(tmp_path, capsys):
     record["rows"][0]["V"] = 123.0  # what an older estimator might have written
     with open(path, "w") as f:
         json.dump(record, f)
-    with pytest.raises(ValueError, match=rf"written by opl_rank 0\.0\.9, not by this {re.escape(opl_rank.__version__)}.*--recompute-stale"):
+    with pytest.raises(
+        ValueError,
+        match=rf"written by opl_rank 0\.0\.9, not by this {re.escape(opl_rank.__version__)}.*--recompute-stale",
+    ):
         run_sweep(sweep, echo=_quiet)
     lines = []
     summary = run_sweep(sweep, echo=lines.append, recompute_stale=True)
@@ -125,9 +155,15 @@ def test_a_cell_of_another_version_is_not_reused_silently(tmp_path, capsys):
     assert 123.0 not in [float(r["V"]) for r in _rows(out)]
     # From the command line: the error names the version, and the flag recomputes.
     cli_out = tmp_path / "cli"
-    args = ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", "--quiet", "--set=ks=0,1",
-            *[f"--set={k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY.items()],
-            f"--set=output_dir={cli_out}"]
+    args = [
+        "sweep",
+        "--config",
+        "experiments/configs/synthetic_opl_small.yaml",
+        "--quiet",
+        "--set=ks=0,1",
+        *[f"--set={k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY.items()],
+        f"--set=output_dir={cli_out}",
+    ]
     assert main(args) == 0
     [path] = [os.path.join(cli_out, "cells", f) for f in os.listdir(cli_out / "cells")]
     record = json.load(open(path))
@@ -142,8 +178,25 @@ def test_a_cell_of_another_version_is_not_reused_silently(tmp_path, capsys):
 
 
 def test_simulate_builds_any_registered_environment(capsys):
-    args = ["simulate", "--simulator", "toy", "--plugin", "tests.plugins.toy_environment", "-D", "4", "-L", "2",
-            "--n", "200", "--value-contexts", "500", "--set", "score_scale=3", "--json", "--quiet"]
+    args = [
+        "simulate",
+        "--simulator",
+        "toy",
+        "--plugin",
+        "tests.plugins.toy_environment",
+        "-D",
+        "4",
+        "-L",
+        "2",
+        "--n",
+        "200",
+        "--value-contexts",
+        "500",
+        "--set",
+        "score_scale=3",
+        "--json",
+        "--quiet",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["simulator"] == "toy" and summary["option score_scale"] == 3 and summary["n"] == 200

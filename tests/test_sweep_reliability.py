@@ -20,10 +20,28 @@ from experiments.folder_lock import folder_lock
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "experiments/configs/synthetic_opl_small.yaml"
 SMALL = [
-    "--set", "n_items=5", "--set", "ranking_length=3", "--set", "lam=0.5", "--set", "n=300",
-    "--set", "methods=ips,regression", "--set", "ks=1", "--set", "reward_models=additive",
-    "--set", "eval_contexts=500", "--set", "policy_epochs=2", "--set", "reward_epochs=2",
-    "--set", "vmap_seeds=false",
+    "--set",
+    "n_items=5",
+    "--set",
+    "ranking_length=3",
+    "--set",
+    "lam=0.5",
+    "--set",
+    "n=300",
+    "--set",
+    "methods=ips,regression",
+    "--set",
+    "ks=1",
+    "--set",
+    "reward_models=additive",
+    "--set",
+    "eval_contexts=500",
+    "--set",
+    "policy_epochs=2",
+    "--set",
+    "reward_epochs=2",
+    "--set",
+    "vmap_seeds=false",
 ]
 
 
@@ -38,9 +56,26 @@ def _table(path):
 
 def _subprocess_sweep(out, seeds, cache, *extra):
     return subprocess.Popen(
-        [sys.executable, "-m", "experiments.cli", "sweep", "--config", CONFIG, *SMALL, "--set", f"seeds={seeds}",
-         "--set", f"output_dir={out}", "--compilation-cache", str(cache), *extra],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "experiments.cli",
+            "sweep",
+            "--config",
+            CONFIG,
+            *SMALL,
+            "--set",
+            f"seeds={seeds}",
+            "--set",
+            f"output_dir={out}",
+            "--compilation-cache",
+            str(cache),
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -180,7 +215,9 @@ def _alive(pid):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads the process table from /proc (Linux)")
 def test_worker_processes_die_with_their_parent(tmp_path):
-    proc = _subprocess_sweep(tmp_path / "sweep", "0,1,2,3", tmp_path / "jax", "--backend", "processes", "--workers", "2")
+    proc = _subprocess_sweep(
+        tmp_path / "sweep", "0,1,2,3", tmp_path / "jax", "--backend", "processes", "--workers", "2"
+    )
     deadline = time.monotonic() + 60
     workers = []
     while time.monotonic() < deadline and len(workers) < 2:

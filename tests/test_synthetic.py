@@ -1,6 +1,5 @@
 """The synthetic environment against float64 loops, enumeration and its own ground truth."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,7 +25,9 @@ def test_logged_propensities_equal_exact_pl_probabilities(env):
         np.testing.assert_allclose(np.exp(np.asarray(data.log_pi0_prefix[i])), want_prefix, rtol=1e-4)
         marg = ref.pl_position_marginals(logits[i], 3)
         want_marg = marg[np.arange(3), ranking]
-        np.testing.assert_allclose(np.exp(np.asarray(data.log_pi0_position_marginal[i])), want_marg, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            np.exp(np.asarray(data.log_pi0_position_marginal[i])), want_marg, rtol=1e-4, atol=1e-6
+        )
 
 
 @pytest.mark.slow
@@ -227,7 +228,9 @@ def test_scaled_beam_search_is_the_beam_search_and_sorting_is_exact_without_inte
     x = env.sample_contexts(make_key(51), 64)
     base = env.reward_model.item_base(x)
     v = env.reward_model.lam * env.reward_model.interaction
-    old = completion.complete(base, v, env.position_weight, jnp.zeros((64, 0), jnp.int32), max_enumerated=0, beam_width=8)[0]
+    old = completion.complete(
+        base, v, env.position_weight, jnp.zeros((64, 0), jnp.int32), max_enumerated=0, beam_width=8
+    )[0]
     new, method = env.best_rankings(x, max_enumerated=0, beam_width=8)
     assert method == "beam"
     value_of = lambda r: np.asarray(env.expected_reward(x, r) @ env.position_weight)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 __all__ = ["atomic_write", "atomic_write_text"]
 

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,7 +82,9 @@ def sample_path() -> Path:
     import obp.dataset
 
     path = Path(obp.dataset.__file__).parent / "obd"
-    missing = [f"{p}/{c}/{c}.csv" for p in BEHAVIOR_POLICIES for c in CAMPAIGNS if not (path / p / c / f"{c}.csv").is_file()]
+    missing = [
+        f"{p}/{c}/{c}.csv" for p in BEHAVIOR_POLICIES for c in CAMPAIGNS if not (path / p / c / f"{c}.csv").is_file()
+    ]
     if missing:
         raise FileNotFoundError(f"obp's Open Bandit Dataset sample is incomplete under {path}: missing {missing}")
     return path
@@ -110,8 +113,9 @@ def load_obd(behavior_policy: str, campaign: str = "all", *, data_path: str | Pa
         raise ValueError(f"campaign must be one of {CAMPAIGNS}, got {campaign!r}")
     if data_path is None:
         data_path = sample_path()
-    return _dataset_class()(behavior_policy=behavior_policy, campaign=campaign,
-                            data_path=Path(data_path)).obtain_batch_bandit_feedback()
+    return _dataset_class()(
+        behavior_policy=behavior_policy, campaign=campaign, data_path=Path(data_path)
+    ).obtain_batch_bandit_feedback()
 
 
 def _dataset_class():
@@ -137,7 +141,9 @@ def _dataset_class():
             user_cols = self.data.columns.str.contains("user_feature")
             self.context = pd.get_dummies(self.data.loc[:, user_cols], drop_first=True).to_numpy(np.float64)
             item_feature_0 = self.item_context["item_feature_0"].to_frame()
-            item_feature_cat = self.item_context.drop(columns=["item_id", "item_feature_0"]).apply(LabelEncoder().fit_transform)
+            item_feature_cat = self.item_context.drop(columns=["item_id", "item_feature_0"]).apply(
+                LabelEncoder().fit_transform
+            )
             self.action_context = pd.concat([item_feature_cat, item_feature_0], axis=1).to_numpy(np.float64)
 
     return _OpenBanditDataset
@@ -163,7 +169,9 @@ def from_obd(bandit_feedback: Mapping[str, Any], *, len_list: int | None = None)
       ValueError: a missing key, arrays of different lengths, positions outside
         ``[0, len_list)``, or propensities outside ``(0, 1]``.
     """
-    missing = [k for k in ("n_actions", "action", "position", "reward", "pscore", "context") if k not in bandit_feedback]
+    missing = [
+        k for k in ("n_actions", "action", "position", "reward", "pscore", "context") if k not in bandit_feedback
+    ]
     if missing:
         raise ValueError(f"bandit_feedback lacks {missing}")
     action = np.asarray(bandit_feedback["action"])
@@ -178,7 +186,9 @@ def from_obd(bandit_feedback: Mapping[str, Any], *, len_list: int | None = None)
     if len_list is None:
         len_list = int(position.max()) + 1
     if position.min() < 0 or position.max() >= len_list:
-        raise ValueError(f"bandit_feedback['position'] must be 0-based in [0, {len_list}), got [{position.min()}, {position.max()}]")
+        raise ValueError(
+            f"bandit_feedback['position'] must be 0-based in [0, {len_list}), got [{position.min()}, {position.max()}]"
+        )
     if not np.all(np.isfinite(pscore)) or np.any(pscore <= 0) or np.any(pscore > 1 + 1e-6):
         raise ValueError("bandit_feedback['pscore'] must be propensities in (0, 1]")
     log_p0 = np.log(np.minimum(pscore, 1.0)).astype(np.float32)[:, None]
@@ -204,8 +214,14 @@ def positions(context: Any, len_list: int) -> jax.Array:
     return jnp.argmax(jnp.asarray(context)[:, :len_list], axis=1)
 
 
-def bts_action_dist(campaign: str = "all", *, len_list: int = 3, n_sim: int = 100_000,
-                    random_state: int | None = 12345, chunk: int = 10_000) -> np.ndarray:
+def bts_action_dist(
+    campaign: str = "all",
+    *,
+    len_list: int = 3,
+    n_sim: int = 100_000,
+    random_state: int | None = 12345,
+    chunk: int = 10_000,
+) -> np.ndarray:
     """BTS's probability of each item at each position, ``[n_actions, len_list]``, float64.
 
     The evaluation policy of obp's OBD examples: ``BernoulliTS(n_actions, len_list,
@@ -257,7 +273,12 @@ class PositionwisePolicy:
 
     def __post_init__(self) -> None:
         dist = np.asarray(self.action_dist, np.float64)
-        if dist.ndim != 2 or not np.all(np.isfinite(dist)) or (dist < 0).any() or not np.allclose(dist.sum(0), 1.0, atol=1e-5):
+        if (
+            dist.ndim != 2
+            or not np.all(np.isfinite(dist))
+            or (dist < 0).any()
+            or not np.allclose(dist.sum(0), 1.0, atol=1e-5)
+        ):
             raise ValueError("action_dist must be [n_items, len_list] with non-negative columns that sum to 1")
         object.__setattr__(self, "action_dist", jnp.asarray(dist, jnp.float32))
 
@@ -278,7 +299,9 @@ class PositionwisePolicy:
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return jnp.take_along_axis(self._log_dist(context), rankings[:, :1], axis=1)[:, 0]
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         if data.ranking_length != 1:
             raise ValueError(f"PositionwisePolicy scores one-slot rounds (from_obd), got L={data.ranking_length}")
         log_p = self.log_prob(data.context, data.ranking)[:, None]
@@ -299,8 +322,14 @@ def on_policy_value(bandit_feedback: Mapping[str, Any], *, level: float = 0.95) 
     return {"value": value, "stderr": stderr, "ci_low": value - z * stderr, "ci_high": value + z * stderr, "n": n}
 
 
-def obp_estimates(bandit_feedback: Mapping[str, Any], action_dist: Any, *, level: float = 0.95,
-                  n_bootstrap: int = 1000, random_state: int = 12345) -> dict[str, dict[str, float]]:
+def obp_estimates(
+    bandit_feedback: Mapping[str, Any],
+    action_dist: Any,
+    *,
+    level: float = 0.95,
+    n_bootstrap: int = 1000,
+    random_state: int = 12345,
+) -> dict[str, dict[str, float]]:
     """obp's IPW and SNIPW of ``action_dist`` on ``bandit_feedback``, with obp's bootstrap intervals.
 
     ``obp.ope.OffPolicyEvaluation(bandit_feedback, [InverseProbabilityWeighting(),
@@ -319,19 +348,39 @@ def obp_estimates(bandit_feedback: Mapping[str, Any], action_dist: Any, *, level
     dist = np.asarray(action_dist, np.float64)
     if dist.ndim == 2:
         dist = np.broadcast_to(dist, (int(bandit_feedback["n_rounds"]), *dist.shape))
-    ope = OffPolicyEvaluation(bandit_feedback=dict(bandit_feedback), ope_estimators=[
-        InverseProbabilityWeighting(estimator_name="ips"), SelfNormalizedInverseProbabilityWeighting(estimator_name="snips")])
+    ope = OffPolicyEvaluation(
+        bandit_feedback=dict(bandit_feedback),
+        ope_estimators=[
+            InverseProbabilityWeighting(estimator_name="ips"),
+            SelfNormalizedInverseProbabilityWeighting(estimator_name="snips"),
+        ],
+    )
     values = ope.estimate_policy_values(action_dist=dist)
-    intervals = ope.estimate_intervals(action_dist=dist, alpha=1.0 - level, n_bootstrap_samples=n_bootstrap,
-                                       random_state=random_state)
+    intervals = ope.estimate_intervals(
+        action_dist=dist, alpha=1.0 - level, n_bootstrap_samples=n_bootstrap, random_state=random_state
+    )
     pct = 100 * level
-    return {name: {"value": float(values[name]), "ci_low": float(intervals[name][f"{pct}% CI (lower)"]),
-                   "ci_high": float(intervals[name][f"{pct}% CI (upper)"])} for name in values}
+    return {
+        name: {
+            "value": float(values[name]),
+            "ci_low": float(intervals[name][f"{pct}% CI (lower)"]),
+            "ci_high": float(intervals[name][f"{pct}% CI (upper)"]),
+        }
+        for name in values
+    }
 
 
-def bts_from_random(campaign: str = "all", *, n_sim: int = 100_000, random_state: int = 12345, level: float = 0.95,
-                    n_bootstrap: int = 1000, with_obp: bool = True, data_path: str | Path | None = None,
-                    key: jax.Array | None = None) -> list[dict[str, Any]]:
+def bts_from_random(
+    campaign: str = "all",
+    *,
+    n_sim: int = 100_000,
+    random_state: int = 12345,
+    level: float = 0.95,
+    n_bootstrap: int = 1000,
+    with_obp: bool = True,
+    data_path: str | Path | None = None,
+    key: jax.Array | None = None,
+) -> list[dict[str, Any]]:
     """The OBD's standard check: BTS's click rate estimated from the Random logs.
 
     opl_rank's ``ips`` (= ``iips`` here) and ``snips`` via :func:`opl_rank.opl.ope.evaluate` with
@@ -350,25 +399,79 @@ def bts_from_random(campaign: str = "all", *, n_sim: int = 100_000, random_state
 
     random_logs = load_obd("random", campaign, data_path=data_path)
     bts_logs = load_obd("bts", campaign, data_path=data_path)
-    dist = bts_action_dist(campaign, len_list=int(random_logs["position"].max()) + 1, n_sim=n_sim, random_state=random_state)
+    dist = bts_action_dist(
+        campaign, len_list=int(random_logs["position"].max()) + 1, n_sim=n_sim, random_state=random_state
+    )
     data = from_obd(random_logs)
     if dist.shape[0] < data.n_items:
         raise ValueError(f"BTS's action distribution covers {dist.shape[0]} items, the logs {data.n_items}")
     truth = on_policy_value(bts_logs, level=level)
-    rows = [dict(campaign=campaign, source="on-policy", estimator="mean click (BTS logs)", value=truth["value"],
-                 stderr=truth["stderr"], ci_low=truth["ci_low"], ci_high=truth["ci_high"], n=truth["n"], ess=float(truth["n"]))]
+    rows = [
+        dict(
+            campaign=campaign,
+            source="on-policy",
+            estimator="mean click (BTS logs)",
+            value=truth["value"],
+            stderr=truth["stderr"],
+            ci_low=truth["ci_low"],
+            ci_high=truth["ci_high"],
+            n=truth["n"],
+            ess=float(truth["n"]),
+        )
+    ]
     naive = on_policy_value(random_logs, level=level)  # a baseline any estimate should beat: Random's own click rate
-    rows.append(dict(campaign=campaign, source="baseline", estimator="mean click (Random logs)", value=naive["value"],
-                     stderr=naive["stderr"], ci_low=naive["ci_low"], ci_high=naive["ci_high"], n=naive["n"], ess=float(naive["n"])))
-    results = ope.evaluate(PositionwisePolicy(dist), data, make_key(0) if key is None else key,
-                           estimators=("ips", "snips"), ci="normal", level=level)
+    rows.append(
+        dict(
+            campaign=campaign,
+            source="baseline",
+            estimator="mean click (Random logs)",
+            value=naive["value"],
+            stderr=naive["stderr"],
+            ci_low=naive["ci_low"],
+            ci_high=naive["ci_high"],
+            n=naive["n"],
+            ess=float(naive["n"]),
+        )
+    )
+    results = ope.evaluate(
+        PositionwisePolicy(dist),
+        data,
+        make_key(0) if key is None else key,
+        estimators=("ips", "snips"),
+        ci="normal",
+        level=level,
+    )
     for name, r in results.items():
-        rows.append(dict(campaign=campaign, source="opl_rank", estimator=name, value=r.value, stderr=r.stderr,
-                         ci_low=r.ci_low, ci_high=r.ci_high, n=r.n, ess=r.ess))
+        rows.append(
+            dict(
+                campaign=campaign,
+                source="opl_rank",
+                estimator=name,
+                value=r.value,
+                stderr=r.stderr,
+                ci_low=r.ci_low,
+                ci_high=r.ci_high,
+                n=r.n,
+                ess=r.ess,
+            )
+        )
     if with_obp:
-        for name, r in obp_estimates(random_logs, dist, level=level, n_bootstrap=n_bootstrap, random_state=random_state).items():
-            rows.append(dict(campaign=campaign, source="obp", estimator=name, value=r["value"], stderr=math.nan,
-                             ci_low=r["ci_low"], ci_high=r["ci_high"], n=data.n_rounds, ess=math.nan))
+        for name, r in obp_estimates(
+            random_logs, dist, level=level, n_bootstrap=n_bootstrap, random_state=random_state
+        ).items():
+            rows.append(
+                dict(
+                    campaign=campaign,
+                    source="obp",
+                    estimator=name,
+                    value=r["value"],
+                    stderr=math.nan,
+                    ci_low=r["ci_low"],
+                    ci_high=r["ci_high"],
+                    n=data.n_rounds,
+                    ess=math.nan,
+                )
+            )
     for row in rows:
         row["rel_error"] = row["value"] / truth["value"] - 1.0
     return rows

@@ -15,9 +15,9 @@ is an error rather than truncated).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import operator
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +30,9 @@ __all__ = ["from_obp_slate", "to_obp_slate"]
 def _per_round(name: str, values: Any, n: int, n_slots: int) -> np.ndarray:
     values = np.asarray(values)
     if values.shape != (n * n_slots,):
-        raise ValueError(f"bandit_feedback[{name!r}] must have shape (n_rounds * len_list,) = ({n * n_slots},), got {values.shape}")
+        raise ValueError(
+            f"bandit_feedback[{name!r}] must have shape (n_rounds * len_list,) = ({n * n_slots},), got {values.shape}"
+        )
     return values.reshape(n, n_slots)
 
 
@@ -40,8 +42,12 @@ def _n_rounds(value: Any) -> int:
         n = operator.index(value)
     except TypeError:
         as_float = np.asarray(value)
-        if as_float.ndim != 0 or not np.issubdtype(as_float.dtype, np.floating) or not np.isfinite(as_float) \
-                or float(as_float) != int(as_float):
+        if (
+            as_float.ndim != 0
+            or not np.issubdtype(as_float.dtype, np.floating)
+            or not np.isfinite(as_float)
+            or float(as_float) != int(as_float)
+        ):
             raise ValueError(f"bandit_feedback['n_rounds'] must be a positive integer, got {value!r}") from None
         n = int(as_float)
     if n < 1:
@@ -51,7 +57,9 @@ def _n_rounds(value: Any) -> int:
 
 def _item_ids(name: str, values: np.ndarray) -> np.ndarray:
     """Integer ids as int32; non-integral or non-finite floats are an error, not truncated."""
-    if values.dtype == np.bool_ or not (np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)):
+    if values.dtype == np.bool_ or not (
+        np.issubdtype(values.dtype, np.integer) or np.issubdtype(values.dtype, np.floating)
+    ):
         raise ValueError(f"bandit_feedback[{name!r}] must hold integer ids, got dtype {values.dtype}")
     if np.issubdtype(values.dtype, np.floating):
         bad = ~np.isfinite(values) | (values != np.round(values))
@@ -74,8 +82,10 @@ def _context(values: Any, n: int, n_slots: int) -> np.ndarray:
         return context
     hint = ""
     if context.ndim >= 1 and n_slots > 1 and context.shape[0] == n * n_slots:
-        hint = (" (it has n_rounds * len_list rows, one per slot; pass one row per round, e.g. "
-                "context[::len_list] if the rows of a round are equal)")
+        hint = (
+            " (it has n_rounds * len_list rows, one per slot; pass one row per round, e.g. "
+            "context[::len_list] if the rows of a round are equal)"
+        )
     raise ValueError(
         f"bandit_feedback['context'] must have shape (n_rounds, dim_context) = ({n}, dim_context), "
         f"got {context.shape}{hint}"
@@ -106,18 +116,38 @@ def from_obp_slate(bandit_feedback: Mapping[str, Any], *, position_weight: Any =
       :class:`LoggedData` with ``log_pi0_prefix`` from ``pscore_cascade`` and, when present,
       ``log_pi0_position_marginal`` from ``pscore_item_position``.
     """
-    missing = [k for k in ("n_rounds", "n_unique_action", "context", "slate_id", "action", "position", "reward", "pscore_cascade") if k not in bandit_feedback]
+    missing = [
+        k
+        for k in (
+            "n_rounds",
+            "n_unique_action",
+            "context",
+            "slate_id",
+            "action",
+            "position",
+            "reward",
+            "pscore_cascade",
+        )
+        if k not in bandit_feedback
+    ]
     if missing:
         raise ValueError(f"bandit_feedback lacks {missing}")
     n = _n_rounds(bandit_feedback["n_rounds"])
     slate_id = np.asarray(bandit_feedback["slate_id"])
     position = np.asarray(bandit_feedback["position"])
     if slate_id.ndim != 1 or slate_id.shape[0] < n or slate_id.shape[0] % n:
-        raise ValueError(f"bandit_feedback['slate_id'] must have length n_rounds * len_list, a positive multiple of "
-                         f"n_rounds={n}; got shape {slate_id.shape}")
+        raise ValueError(
+            f"bandit_feedback['slate_id'] must have length n_rounds * len_list, a positive multiple of "
+            f"n_rounds={n}; got shape {slate_id.shape}"
+        )
     n_slots = slate_id.shape[0] // n
-    if not (np.array_equal(slate_id, np.repeat(np.arange(n), n_slots)) and np.array_equal(position, np.tile(np.arange(n_slots), n))):
-        raise ValueError("bandit_feedback must be sorted by slate_id then position (obp's layout), with every slot present")
+    if not (
+        np.array_equal(slate_id, np.repeat(np.arange(n), n_slots))
+        and np.array_equal(position, np.tile(np.arange(n_slots), n))
+    ):
+        raise ValueError(
+            "bandit_feedback must be sorted by slate_id then position (obp's layout), with every slot present"
+        )
     pick = lambda name: _per_round(name, bandit_feedback[name], n, n_slots)
     marginal = None
     if bandit_feedback.get("pscore_item_position") is not None:

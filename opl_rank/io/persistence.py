@@ -48,8 +48,20 @@ from opl_rank.opl.policies import PLPolicy, PolicyParts, RegressionPolicy, TwoSt
 from opl_rank.opl.reward_models import RewardModel, _SlotValues
 from opl_rank.scorers import ActionScorer, ItemFeatureScorer
 
-__all__ = ["save_policy", "load_policy", "read_policy_spec", "check_context_dim", "register_policy_class",
-           "policy_classes", "SpecWriter", "SpecReader", "SPEC_FILE", "PARAMS_FILE", "FORMAT", "FORMAT_VERSION"]
+__all__ = [
+    "save_policy",
+    "load_policy",
+    "read_policy_spec",
+    "check_context_dim",
+    "register_policy_class",
+    "policy_classes",
+    "SpecWriter",
+    "SpecReader",
+    "SPEC_FILE",
+    "PARAMS_FILE",
+    "FORMAT",
+    "FORMAT_VERSION",
+]
 
 SPEC_FILE = "policy.json"
 PARAMS_FILE = "params.msgpack"
@@ -85,17 +97,22 @@ def register_policy_class(cls: type | None = None, *, name: str | None = None, r
       TypeError: ``cls`` lacks ``to_spec`` or ``from_spec``.
       ValueError: an empty name, or a name taken by another class (unless ``replace``).
     """
+
     def add(cls: type) -> type:
         spec_name = name if name is not None else getattr(cls, "spec_name", None) or getattr(cls, "__name__", None)
         if not isinstance(spec_name, str) or not spec_name:
             raise ValueError(f"register_policy_class: the spec name must be a non-empty string, got {spec_name!r}")
         missing = [m for m in ("to_spec", "from_spec") if not callable(getattr(cls, m, None))]
         if missing:
-            raise TypeError(f"register_policy_class: {getattr(cls, '__name__', cls)!r} lacks {' and '.join(missing)} "
-                            "(see opl_rank.opl.policies.RankingPolicy)")
+            raise TypeError(
+                f"register_policy_class: {getattr(cls, '__name__', cls)!r} lacks {' and '.join(missing)} "
+                "(see opl_rank.opl.policies.RankingPolicy)"
+            )
         taken = _POLICY_CLASSES.get(spec_name)
         if taken is not None and taken is not cls and not replace:
-            raise ValueError(f"policy class name {spec_name!r} is already registered (by {taken.__module__}.{taken.__qualname__})")
+            raise ValueError(
+                f"policy class name {spec_name!r} is already registered (by {taken.__module__}.{taken.__qualname__})"
+            )
         _POLICY_CLASSES[spec_name] = cls
         return cls
 
@@ -176,7 +193,9 @@ def _jsonable(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as err:
-        raise TypeError(f"save_policy: {what} must be JSON-serialisable (a dataclass or dict of plain values): {err}") from err
+        raise TypeError(
+            f"save_policy: {what} must be JSON-serialisable (a dataclass or dict of plain values): {err}"
+        ) from err
 
 
 def _host(tree: Any) -> Any:
@@ -187,7 +206,9 @@ def _scorer_spec(module: Any, params: Any) -> tuple[dict, int]:
     """The scorer's class and fields, and the context dimension its parameters imply."""
     name = type(module).__name__
     if name not in _SCORERS or type(module) is not _SCORERS[name]:
-        raise TypeError(f"save_policy rebuilds scorers {sorted(_SCORERS)} (opl_rank.scorers.make_scorer), got {type(module).__name__}")
+        raise TypeError(
+            f"save_policy rebuilds scorers {sorted(_SCORERS)} (opl_rank.scorers.make_scorer), got {type(module).__name__}"
+        )
     spec: dict[str, Any] = {"class": name, "n_items": int(module.n_items), "hidden": [int(h) for h in module.hidden]}
     if name == "ItemFeatureScorer":
         spec["n_features"] = int(module.n_features)
@@ -197,13 +218,24 @@ def _scorer_spec(module: Any, params: Any) -> tuple[dict, int]:
 
 def _reward_spec(model: Any) -> tuple[dict, Any, int]:
     if type(model) is not RewardModel or type(model.module) is not _SlotValues:
-        raise TypeError(f"save_policy rebuilds reward models of opl_rank.opl.reward_models.fit_reward_model, got {type(model).__name__}")
+        raise TypeError(
+            f"save_policy rebuilds reward models of opl_rank.opl.reward_models.fit_reward_model, got {type(model).__name__}"
+        )
     module = model.module
-    fields = {"n_items": int(module.n_items), "hidden": [int(h) for h in module.hidden], "pairwise": bool(module.pairwise),
-              "item_feature_dim": None if module.item_feature_dim is None else int(module.item_feature_dim),
-              "prefix_slots": int(module.prefix_slots)}
-    spec = {"kind": model.kind, "module": fields, "n_slots": int(model.n_slots),
-            "max_enumerated": int(model.max_enumerated), "beam_width": int(model.beam_width)}
+    fields = {
+        "n_items": int(module.n_items),
+        "hidden": [int(h) for h in module.hidden],
+        "pairwise": bool(module.pairwise),
+        "item_feature_dim": None if module.item_feature_dim is None else int(module.item_feature_dim),
+        "prefix_slots": int(module.prefix_slots),
+    }
+    spec = {
+        "kind": model.kind,
+        "module": fields,
+        "n_slots": int(model.n_slots),
+        "max_enumerated": int(model.max_enumerated),
+        "beam_width": int(model.beam_width),
+    }
     if module.item_feature_dim is not None:
         context_dim = int(module.n_items) * int(module.item_feature_dim)
     else:
@@ -225,13 +257,17 @@ class SpecWriter:
         """
         spec_name = _spec_name(policy)
         if spec_name is None:
-            raise TypeError(f"save_policy saves PLPolicy, RegressionPolicy and TwoStagePolicy and the classes registered "
-                            f"with opl_rank.io.persistence.register_policy_class (registered: {_known()}), "
-                            f"got {type(policy).__name__}")
+            raise TypeError(
+                f"save_policy saves PLPolicy, RegressionPolicy and TwoStagePolicy and the classes registered "
+                f"with opl_rank.io.persistence.register_policy_class (registered: {_known()}), "
+                f"got {type(policy).__name__}"
+            )
         parts = policy.to_spec(self)
         if not isinstance(parts, tuple) or len(parts) != len(PolicyParts._fields):
-            raise TypeError(f"save_policy: {type(policy).__name__}.to_spec must return PolicyParts"
-                            f"{PolicyParts._fields}, got {type(parts).__name__}")
+            raise TypeError(
+                f"save_policy: {type(policy).__name__}.to_spec must return PolicyParts"
+                f"{PolicyParts._fields}, got {type(parts).__name__}"
+            )
         parts = PolicyParts(*parts)
         if not isinstance(parts.spec, dict) or "class" in parts.spec:
             raise TypeError(f"save_policy: {type(policy).__name__}.to_spec's spec must be a dict without a 'class' key")
@@ -243,7 +279,9 @@ class SpecWriter:
         module = type(policy).__module__
         if module.split(".")[0] != "opl_rank":  # a plugin's class: the loader's error names its module
             head["class_module"] = module
-        return PolicyParts({**head, **parts.spec}, parts.arrays, int(parts.n_items), int(parts.context_dim), int(parts.k))
+        return PolicyParts(
+            {**head, **parts.spec}, parts.arrays, int(parts.n_items), int(parts.context_dim), int(parts.k)
+        )
 
     def scorer(self, module: Any, params: Any) -> tuple[dict, int]:
         """A scorer's spec (class and fields) and the context dimension its parameters imply
@@ -273,7 +311,9 @@ def read_policy_spec(directory: str | os.PathLike) -> dict:
     directory = os.fspath(directory)
     path = os.path.join(directory, SPEC_FILE)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{directory}: no such policy directory" + (" (it is a file)" if os.path.exists(directory) else ""))
+        raise FileNotFoundError(
+            f"{directory}: no such policy directory" + (" (it is a file)" if os.path.exists(directory) else "")
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (not a directory written by save_policy?)")
     try:
@@ -282,12 +322,14 @@ def read_policy_spec(directory: str | os.PathLike) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"{path}: not a readable policy spec (corrupt JSON?): {err}") from err
     if not isinstance(spec, dict) or spec.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a policy spec written by save_policy (no \"format\": \"{FORMAT}\")")
+        raise ValueError(f'{path}: not a policy spec written by save_policy (no "format": "{FORMAT}")')
     version = str(spec.get("format_version", ""))
     if version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
-        raise ValueError(f"{path}: policy format version {version!r} (written by opl_rank "
-                         f"{spec.get('opl_rank_version', '?')}); this opl_rank reads format version "
-                         f"{FORMAT_VERSION.split('.')[0]}.x -- save the policy again with this version")
+        raise ValueError(
+            f"{path}: policy format version {version!r} (written by opl_rank "
+            f"{spec.get('opl_rank_version', '?')}); this opl_rank reads format version "
+            f"{FORMAT_VERSION.split('.')[0]}.x -- save the policy again with this version"
+        )
     return spec
 
 
@@ -328,9 +370,12 @@ def check_context_dim(spec: dict, context_dim: int) -> None:
     scorer = _first_part(policy, "scorer")  # a two-stage (or plugin) policy's own nested parts
     reward = _first_part(policy, "reward_model")
     item_features = (scorer or {}).get("class") == "ItemFeatureScorer" or (
-        scorer is None and reward is not None and reward["module"].get("item_feature_dim") is not None)
+        scorer is None and reward is not None and reward["module"].get("item_feature_dim") is not None
+    )
     if item_features and context_dim < expected:
-        raise ValueError(f"contexts have {context_dim} columns; the policy reads the first {expected} (n_items * n_features)")
+        raise ValueError(
+            f"contexts have {context_dim} columns; the policy reads the first {expected} (n_items * n_features)"
+        )
     if not item_features and context_dim != expected:
         raise ValueError(f"contexts have {context_dim} columns; the policy was trained on {expected}")
 
@@ -366,7 +411,11 @@ class SpecReader:
         name = spec["class"]
         cls = _POLICY_CLASSES.get(name)
         if cls is None:
-            hint = f"; it was saved from module {spec['class_module']!r}: import it first" if spec.get("class_module") else ""
+            hint = (
+                f"; it was saved from module {spec['class_module']!r}: import it first"
+                if spec.get("class_module")
+                else ""
+            )
             raise ValueError(f"unknown policy class {name!r} (known: {_known()}){hint}")
         return cls.from_spec({k: v for k, v in spec.items() if k not in ("class", "class_module")}, arrays, self)
 
@@ -382,7 +431,9 @@ class SpecReader:
             raise ValueError(f"unknown scorer class {cls!r} (known: {sorted(_SCORERS)})")
         scorer["hidden"] = tuple(scorer.get("hidden", ()))
         module = _SCORERS[cls](**scorer)
-        template = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, self.context_dim), jnp.float32))
+        template = jax.eval_shape(
+            module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, self.context_dim), jnp.float32)
+        )
         return module, self.restore(template, params, "scorer")
 
     def reward_model(self, spec: dict, arrays: Any) -> RewardModel:
@@ -405,12 +456,18 @@ def _build_reward(spec: dict, arrays: Any, context_dim: int, path: str) -> Rewar
     fields["hidden"] = tuple(fields.get("hidden", ()))
     module = _SlotValues(**fields)
     n_slots = int(spec["n_slots"])
-    template = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, context_dim), jnp.float32),
-                              jax.ShapeDtypeStruct((1, n_slots), jnp.int32))
+    template = jax.eval_shape(
+        module.init,
+        jax.random.key(0),
+        jax.ShapeDtypeStruct((1, context_dim), jnp.float32),
+        jax.ShapeDtypeStruct((1, n_slots), jnp.int32),
+    )
     params = _restore(template, _part(arrays, "params", path), path, "reward model")
     weight = jnp.asarray(_part(arrays, "position_weight", path))
     if weight.shape != (n_slots,):
-        raise ValueError(f"{path}: the reward model's position_weight has shape {weight.shape}, the spec says ({n_slots},)")
+        raise ValueError(
+            f"{path}: the reward model's position_weight has shape {weight.shape}, the spec says ({n_slots},)"
+        )
     return RewardModel(spec["kind"], module, params, weight, int(spec["max_enumerated"]), int(spec["beam_width"]))
 
 
@@ -427,8 +484,10 @@ def _restore(template: Any, params: Any, path: str, what: str) -> Any:
     for (key_path, expected), value in zip(want, got_leaves):
         value = np.asarray(value)
         if value.shape != expected.shape or value.dtype != expected.dtype:
-            raise ValueError(f"{path}: {what} parameter {jax.tree_util.keystr(key_path)} has {value.dtype} {value.shape}, "
-                             f"the spec's module needs {expected.dtype} {expected.shape}")
+            raise ValueError(
+                f"{path}: {what} parameter {jax.tree_util.keystr(key_path)} has {value.dtype} {value.shape}, "
+                f"the spec's module needs {expected.dtype} {expected.shape}"
+            )
     return jax.tree.map(jnp.asarray, params)
 
 

@@ -28,7 +28,8 @@ import json
 import math
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -78,8 +79,14 @@ def _require(module: str, what: str) -> Any:
 class _Columns:
     """The columns of one table as pyarrow arrays, with the source named in every error."""
 
-    def __init__(self, columns: dict[str, Any], n: int, source: str, metadata: dict | None,
-                 row_note: Callable[[int], str] = lambda i: ""):
+    def __init__(
+        self,
+        columns: dict[str, Any],
+        n: int,
+        source: str,
+        metadata: dict | None,
+        row_note: Callable[[int], str] = lambda i: "",
+    ):
         self.columns, self.n, self.source, self.metadata, self.row_note = columns, n, source, metadata, row_note
 
     def fail(self, column: str | None, problem: str, row: int | None = None) -> None:
@@ -106,14 +113,19 @@ class _Columns:
         if bad.size:
             i = int(bad[0])
             why = f"as in row 0{self.row_note(0)}" if width is None else width_name
-            self.fail(name, f"has length {int(lengths[i])}, expected {expected} ({why}); "
-                            f"{bad.size} row(s) of another length", i)
+            self.fail(
+                name,
+                f"has length {int(lengths[i])}, expected {expected} ({why}); {bad.size} row(s) of another length",
+                i,
+            )
         if expected == 0:
             self.fail(name, "holds empty lists")
         values = arr.flatten()
         if values.null_count:
             at = _first(values.is_null())
-            self.fail(name, f"slot {at % expected} is null (missing, or a NaN that pandas stored as null)", at // expected)
+            self.fail(
+                name, f"slot {at % expected} is null (missing, or a NaN that pandas stored as null)", at // expected
+            )
         vtype = values.type
         if not (pa.types.is_integer(vtype) or pa.types.is_floating(vtype) or pa.types.is_boolean(vtype)):
             self.fail(name, f"must hold lists of {kind_name}, got lists of {vtype}")
@@ -124,15 +136,20 @@ class _Columns:
             if bad_value.any():
                 row, slot = (int(v) for v in np.argwhere(bad_value)[0])
                 shown = "NaN" if np.isnan(host[row, slot]) else str(float(host[row, slot]))
-                self.fail(name, f"slot {slot} is {shown} ({int(bad_value.sum())} non-finite value(s)); "
-                                "values must be finite", row)
+                self.fail(
+                    name,
+                    f"slot {slot} is {shown} ({int(bad_value.sum())} non-finite value(s)); values must be finite",
+                    row,
+                )
             return host
         if kind == "int":
             if np.issubdtype(host.dtype, np.floating):
                 bad_value = ~np.isfinite(host) | (host != np.round(host))
                 if bad_value.any():
                     row, slot = (int(v) for v in np.argwhere(bad_value)[0])
-                    self.fail(name, f"slot {slot} holds {float(host[row, slot])!r}, not an item index (an integer)", row)
+                    self.fail(
+                        name, f"slot {slot} holds {float(host[row, slot])!r}, not an item index (an integer)", row
+                    )
                 if np.abs(host).max() > np.iinfo(np.int32).max:
                     row, slot = (int(v) for v in np.argwhere(np.abs(host) > np.iinfo(np.int32).max)[0])
                     self.fail(name, f"slot {slot} holds {float(host[row, slot])!r}, beyond int32", row)
@@ -170,20 +187,32 @@ class _Columns:
             over = values > _LOG_TOLERANCE
             if over.any():
                 row, slot = (int(v) for v in np.argwhere(over)[0])
-                self.fail(name, f"slot {slot} holds {values[row, slot]:.6g} > 0: log-probabilities must be <= 0 "
-                                f"(that is a probability exp({values[row, slot]:.4g}) = "
-                                f"{math.exp(min(values[row, slot], 700.0)):.4g} > 1)", row)
+                self.fail(
+                    name,
+                    f"slot {slot} holds {values[row, slot]:.6g} > 0: log-probabilities must be <= 0 "
+                    f"(that is a probability exp({values[row, slot]:.4g}) = "
+                    f"{math.exp(min(values[row, slot], 700.0)):.4g} > 1)",
+                    row,
+                )
             return values
         over = values > 1.0 + _PROB_TOLERANCE
         if over.any():
             row, slot = (int(v) for v in np.argwhere(over)[0])
-            self.fail(name, f"slot {slot} holds {values[row, slot]:.6g} > 1: probabilities must be in (0, 1] "
-                            f"({int(over.sum())} value(s) above 1)", row)
+            self.fail(
+                name,
+                f"slot {slot} holds {values[row, slot]:.6g} > 1: probabilities must be in (0, 1] "
+                f"({int(over.sum())} value(s) above 1)",
+                row,
+            )
         zero = values <= 0.0
         if zero.any():
             row, slot = (int(v) for v in np.argwhere(zero)[0])
-            self.fail(name, f"slot {slot} holds {values[row, slot]:.6g}: probabilities must be in (0, 1] "
-                            "(0: the logged ranking was impossible under the logging policy)", row)
+            self.fail(
+                name,
+                f"slot {slot} holds {values[row, slot]:.6g}: probabilities must be in (0, 1] "
+                "(0: the logged ranking was impossible under the logging policy)",
+                row,
+            )
         return np.log(np.minimum(values, 1.0))
 
     def missing(self, name: str) -> None:
@@ -198,8 +227,12 @@ class _Columns:
             if value is None:
                 self.fail(name, "is missing (null)", i)
             if value != first:
-                self.fail(name, f"must hold the same value in every row (a dataset-level value), "
-                                f"but row 0 has {first!r} and this row {value!r}", i)
+                self.fail(
+                    name,
+                    f"must hold the same value in every row (a dataset-level value), "
+                    f"but row 0 has {first!r} and this row {value!r}",
+                    i,
+                )
         return first
 
 
@@ -214,8 +247,10 @@ def _check_metadata(meta: Any, source: str) -> dict:
         raise ValueError(f"{source}: metadata {METADATA_KEY!r} must be a JSON object, got {type(meta).__name__}")
     version = meta.get("version", FORMAT_VERSION)
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"{source}: metadata {METADATA_KEY!r} has format version {version!r}; this opl_rank reads "
-                         f"version {FORMAT_VERSION} (written by a newer opl_rank?)")
+        raise ValueError(
+            f"{source}: metadata {METADATA_KEY!r} has format version {version!r}; this opl_rank reads "
+            f"version {FORMAT_VERSION} (written by a newer opl_rank?)"
+        )
     unknown = sorted(set(meta) - {"format", "version", "n_items", "position_weight", "item_features"})
     if unknown:
         raise ValueError(f"{source}: metadata {METADATA_KEY!r} has unknown keys {unknown}")
@@ -265,8 +300,11 @@ def renamed_position_weight(position_weight: Any, alpha: Any) -> Any:
         raise TypeError("give position_weight or its old name alpha, not both")
     import warnings
 
-    warnings.warn("the keyword alpha= is now position_weight= (opl_rank 0.2.0); alpha= goes in 0.3.0",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        "the keyword alpha= is now position_weight= (opl_rank 0.2.0); alpha= goes in 0.3.0",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return alpha
 
 
@@ -294,8 +332,12 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     n_items = _dataset_value(cols, "n_items", n_items, "n_items", ("n_items",))
     mask = None
     if "item_mask" in cols.columns:
-        mask = cols.matrix("item_mask", "bool", None if n_items is None else int(n_items),
-                           "" if n_items is None else f"n_items={n_items}")
+        mask = cols.matrix(
+            "item_mask",
+            "bool",
+            None if n_items is None else int(n_items),
+            "" if n_items is None else f"n_items={n_items}",
+        )
         if n_items is None:
             n_items = mask.shape[1]
     if n_items is None:
@@ -312,7 +354,9 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     except (TypeError, ValueError) as err:
         cols.fail(None, f"position_weight (alpha) must be a list of {n_slots} numbers: {err}")
     if weight.shape != (n_slots,):
-        cols.fail(None, f"position_weight (alpha) must have L={n_slots} entries (the ranking's length), got {weight.tolist()}")
+        cols.fail(
+            None, f"position_weight (alpha) must have L={n_slots} entries (the ranking's length), got {weight.tolist()}"
+        )
 
     features = cols.metadata.get("item_features")
     if "item_features" in cols.columns:
@@ -322,8 +366,16 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     elif features is not None:
         features = np.asarray(features, dtype=np.float64)
 
-    fields = dict(context=context, ranking=ranking, reward=reward, log_pi0_prefix=log_prefix, position_weight=weight,
-                  log_pi0_position_marginal=log_marginal, item_mask=mask, item_features=features)
+    fields = dict(
+        context=context,
+        ranking=ranking,
+        reward=reward,
+        log_pi0_prefix=log_prefix,
+        position_weight=weight,
+        log_pi0_position_marginal=log_marginal,
+        item_mask=mask,
+        item_features=features,
+    )
     try:
         # LoggedData casts (float32, int32) and validates what is left: item indices in
         # [0, n_items), no repeats, prefix log-probabilities non-increasing, the mask.
@@ -337,7 +389,7 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
             for log_name, prob_name in (_PREFIX, _MARGINAL):
                 if field == log_name and prob_name in cols.columns:
                     label = f"column {prob_name!r} (checked as log-probabilities)"
-            message = label + ": " + message[match.end():]
+            message = label + ": " + message[match.end() :]
         raise ValueError(f"{cols.source}: {message}") from err
 
 
@@ -406,7 +458,9 @@ def _series_to_arrow(series: Any, name: str, cols: _Columns) -> Any:
             try:
                 value = _parse_cell(cell.decode() if isinstance(cell, bytes) else cell)
             except ValueError as err:
-                cols.fail(name, f"holds {_short_repr(cell)}, not a list (JSON '[1, 2]' or space-separated '1 2'): {err}", i)
+                cols.fail(
+                    name, f"holds {_short_repr(cell)}, not a list (JSON '[1, 2]' or space-separated '1 2'): {err}", i
+                )
             if name == "n_items" and isinstance(value, list) and len(value) == 1:
                 value = value[0]  # a CSV's "5"
             parsed.append(value)
@@ -433,8 +487,15 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def from_pandas(frame: Any, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None, source: str = "DataFrame",
-                row_note: Callable[[int], str] | None = None) -> Any:
+def from_pandas(
+    frame: Any,
+    *,
+    n_items: int | None = None,
+    position_weight: Any = None,
+    alpha: Any = None,
+    source: str = "DataFrame",
+    row_note: Callable[[int], str] | None = None,
+) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_pandas` (``source`` names the table in errors)."""
     pd = _require("pandas", "LoggedData.from_pandas")
     if not isinstance(frame, pd.DataFrame):
@@ -471,8 +532,12 @@ def _table(data: Any) -> Any:
 
 
 def _metadata(data: Any) -> dict:
-    meta: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "n_items": int(data.n_items),
-                            "position_weight": [float(v) for v in np.asarray(data.position_weight).reshape(-1)]}
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "n_items": int(data.n_items),
+        "position_weight": [float(v) for v in np.asarray(data.position_weight).reshape(-1)],
+    }
     if data.item_features is not None and np.asarray(data.item_features).ndim == 2:
         meta["item_features"] = np.asarray(data.item_features, dtype=np.float64).tolist()
     return meta
@@ -522,7 +587,7 @@ def read_table(path: str | os.PathLike) -> tuple[Any, dict | None]:
         table = pq.read_table(shown)
     except (pa.ArrowException, OSError) as err:
         raise ValueError(f"{shown}: not a readable Parquet file ({type(err).__name__}: {err})") from err
-    raw = (table.schema.metadata or {})
+    raw = table.schema.metadata or {}
     meta = None
     try:
         if METADATA_KEY.encode() in raw:
@@ -534,7 +599,9 @@ def read_table(path: str | os.PathLike) -> tuple[Any, dict | None]:
     return table, meta
 
 
-def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None) -> Any:
+def from_parquet(
+    path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_parquet`."""
     table, meta = read_table(path)
     shown = os.fspath(path)
@@ -542,8 +609,12 @@ def from_parquet(path: str | os.PathLike, *, n_items: int | None = None, positio
     duplicated = sorted({c for c in names if names.count(c) > 1})
     if duplicated:
         raise ValueError(f"{shown}: duplicate columns {duplicated}")
-    cols = _Columns({name: table.column(name).combine_chunks() for name in names if name in KNOWN_COLUMNS},
-                    table.num_rows, shown, _check_metadata(meta, shown))
+    cols = _Columns(
+        {name: table.column(name).combine_chunks() for name in names if name in KNOWN_COLUMNS},
+        table.num_rows,
+        shown,
+        _check_metadata(meta, shown),
+    )
     return _build(cols, n_items, position_weight)
 
 
@@ -556,7 +627,9 @@ def to_parquet(data: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f))
 
 
-def from_csv(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None) -> Any:
+def from_csv(
+    path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+) -> Any:
     """:meth:`opl_rank.data.LoggedData.from_csv`."""
     pd = _require("pandas", "LoggedData.from_csv")
     shown = _exists(path, "CSV")
@@ -565,7 +638,13 @@ def from_csv(path: str | os.PathLike, *, n_items: int | None = None, position_we
     except (ValueError, OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{shown}: not a readable CSV file ({type(err).__name__}: {err})") from err
     # row i is line i + 2 of the file (line 1 is the header) when no cell spans lines
-    return from_pandas(frame, n_items=n_items, position_weight=renamed_position_weight(position_weight, alpha), source=shown, row_note=lambda i: f" (line {i + 2})")
+    return from_pandas(
+        frame,
+        n_items=n_items,
+        position_weight=renamed_position_weight(position_weight, alpha),
+        source=shown,
+        row_note=lambda i: f" (line {i + 2})",
+    )
 
 
 def to_csv(data: Any, path: str | os.PathLike) -> None:
@@ -573,8 +652,10 @@ def to_csv(data: Any, path: str | os.PathLike) -> None:
     from opl_rank.io.atomic import atomic_write_text
 
     if data.item_features is not None:
-        raise ValueError("LoggedData.to_csv: CSV has no place for item_features; use to_parquet, "
-                         "or data.replace(item_features=None) to drop them")
+        raise ValueError(
+            "LoggedData.to_csv: CSV has no place for item_features; use to_parquet, "
+            "or data.replace(item_features=None) to drop them"
+        )
     frame = to_pandas(data)
     for name in frame.columns:
         frame[name] = [json.dumps(np.asarray(cell).tolist()) for cell in frame[name]]
@@ -583,8 +664,9 @@ def to_csv(data: Any, path: str | os.PathLike) -> None:
     atomic_write_text(path, frame.to_csv(index=False))
 
 
-def read_logged_data(path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None,
-                     alpha: Any = None) -> Any:
+def read_logged_data(
+    path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
+) -> Any:
     """LoggedData from ``.parquet`` / ``.pq``, ``.csv`` or ``.npz`` (by the file's suffix).
 
     ``n_items`` / ``position_weight`` apply to Parquet and CSV (an ``.npz`` file holds both);
@@ -604,8 +686,10 @@ def read_logged_data(path: str | os.PathLike, *, n_items: int | None = None, pos
         if n_items is not None and n_items != data.n_items:
             raise ValueError(f"{shown}: n_items={n_items} contradicts the file's n_items={data.n_items}")
         if position_weight is not None and not _same(position_weight, data.position_weight):
-            raise ValueError(f"{shown}: position_weight={_short(position_weight)} contradicts the file's position_weight "
-                             f"{_short(data.position_weight)}")
+            raise ValueError(
+                f"{shown}: position_weight={_short(position_weight)} contradicts the file's position_weight "
+                f"{_short(data.position_weight)}"
+            )
         return data
     raise ValueError(f"{shown}: unknown format {suffix or '(no suffix)'!r}; expected .parquet, .csv or .npz")
 
@@ -626,7 +710,9 @@ def read_contexts(path: str | os.PathLike, *, n_items: int | None = None) -> tup
     suffix = os.path.splitext(shown)[1].lower()
     if suffix in (".parquet", ".pq"):
         table, _ = read_table(shown)
-        columns = {name: table.column(name).combine_chunks() for name in ("context", "item_mask") if name in table.column_names}
+        columns = {
+            name: table.column(name).combine_chunks() for name in ("context", "item_mask") if name in table.column_names
+        }
         note: Callable[[int], str] = lambda i: ""
     elif suffix == ".csv":
         pd = _require("pandas", "reading contexts")
@@ -637,7 +723,11 @@ def read_contexts(path: str | os.PathLike, *, n_items: int | None = None) -> tup
             raise ValueError(f"{shown}: not a readable CSV file ({type(err).__name__}: {err})") from err
         note = lambda i: f" (line {i + 2})"  # noqa: E731
         probe = _Columns({}, len(frame), shown, {}, note)
-        columns = {name: _series_to_arrow(frame[name], name, probe) for name in ("context", "item_mask") if name in frame.columns}
+        columns = {
+            name: _series_to_arrow(frame[name], name, probe)
+            for name in ("context", "item_mask")
+            if name in frame.columns
+        }
         table = pa.Table.from_pandas(frame, preserve_index=False)
     else:
         raise ValueError(f"{shown}: unknown format {suffix or '(no suffix)'!r}; expected .parquet or .csv")

@@ -38,9 +38,7 @@ __all__ = [
 _DEFAULT_EPS = 1e-6
 
 
-def _prepare(
-    x: jax.Array, y: jax.Array, where: jax.Array | None
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _prepare(x: jax.Array, y: jax.Array, where: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """float32 ``x, y`` broadcast to a common ``[.., D]`` with masked entries set to 0,
     and the bool mask (all True when ``where`` is None)."""
     x = jnp.asarray(x).astype(jnp.float32)
@@ -86,9 +84,7 @@ def _kl(target: jax.Array, exposure: jax.Array, mask: jax.Array, eps: float) -> 
 
 
 @jax.jit
-def relevance_loss(
-    exposure: jax.Array, relevance: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def relevance_loss(exposure: jax.Array, relevance: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Traditional relevance loss, the negative utility ``-rho^T E``.
 
     Eq. 7: ``L_rel(E, rho) = -sum_d rho_d E_d`` (Eq. 6 is the utility ``U``).
@@ -159,9 +155,7 @@ def frac_fair_loss(
 
 
 @jax.jit
-def prod_fair_loss(
-    exposure: jax.Array, relevance: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def prod_fair_loss(exposure: jax.Array, relevance: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Pairwise disparity of cross products of exposure and relevance (division-free).
 
     Eq. 9: ``L_prod-fair = 2/(D^2-D) sum_{i<j} (E_i rho_j - E_j rho_i)^2``.

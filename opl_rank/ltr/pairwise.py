@@ -24,7 +24,7 @@ rows only, ``O(C * K)`` per list with ``C = max_clicks``, instead of all ``K^2``
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -190,7 +190,9 @@ def unbiased_pairwise_loss(
     if not isinstance(p, jax.core.Tracer):
         _check_probabilities(p, p_joint, mask)
         if max_clicks is not None and int(jnp.max(jnp.sum(clicks, axis=1))) > max_clicks:
-            raise ValueError(f"a list has {int(jnp.max(jnp.sum(clicks, axis=1)))} clicks, more than max_clicks={max_clicks}")
+            raise ValueError(
+                f"a list has {int(jnp.max(jnp.sum(clicks, axis=1)))} clicks, more than max_clicks={max_clicks}"
+            )
     fn, zero_ties = _family(pair_loss)
     if not zero_ties:  # any family: every pair
         a = correction_matrix(p[:, :, None], p[:, None, :], p_joint, correction)  # [n, K, K, 4, 4]

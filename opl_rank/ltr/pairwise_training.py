@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.ltr.pairwise import CORRECTIONS, PAIR_LOSSES, unbiased_pairwise_loss
+from opl_rank.optimization import TrainConfig, minimize
 from opl_rank.scorers import MLPScorer
 
 __all__ = ["PairwiseTrainConfig", "PairwiseRanker", "train_pairwise_ranker"]
@@ -79,8 +80,17 @@ def _loss(module: MLPScorer, pair_loss: str, correction: str):
     def loss_fn(params, batch, key, aux):
         examination, joint = aux
         scores = module.apply(params, batch["features"])
-        return jnp.mean(unbiased_pairwise_loss(scores, batch["targets"], examination, joint, where=batch["mask"],
-                                               pair_loss=pair_loss, correction=correction))
+        return jnp.mean(
+            unbiased_pairwise_loss(
+                scores,
+                batch["targets"],
+                examination,
+                joint,
+                where=batch["mask"],
+                pair_loss=pair_loss,
+                correction=correction,
+            )
+        )
 
     return loss_fn
 
@@ -123,7 +133,9 @@ def train_pairwise_ranker(
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
     features = jnp.asarray(features, jnp.float32)
     if features.ndim != 3 or targets.shape != features.shape[:2] or mask.shape != features.shape[:2]:
-        raise ValueError(f"need features [N, K, F], targets and mask [N, K]; got {features.shape}, {targets.shape}, {mask.shape}")
+        raise ValueError(
+            f"need features [N, K, F], targets and mask [N, K]; got {features.shape}, {targets.shape}, {mask.shape}"
+        )
     module = MLPScorer(hidden=tuple(config.hidden))
     k_init, key = jax.random.split(key)
     params = module.init(k_init, features[:1])
@@ -131,12 +143,29 @@ def train_pairwise_ranker(
     aux = (jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32))
     held_out = None
     if valid is not None:
-        held_out = {"features": jnp.asarray(valid[0], jnp.float32), "targets": jnp.asarray(valid[1], bool),
-                    "mask": jnp.asarray(valid[2], bool)}
-    train = TrainConfig(epochs=config.epochs, batch_size=config.batch_lists, learning_rate=config.learning_rate,
-                        patience=config.patience if valid is not None else None, optimizer="adamw",
-                        weight_decay=config.weight_decay)
-    result = minimize(_loss(module, config.pair_loss, correction), params, rows, key, train, aux=aux, valid=held_out,
-                      on_epoch=on_epoch, name=f"pairwise ranker ({correction})")
+        held_out = {
+            "features": jnp.asarray(valid[0], jnp.float32),
+            "targets": jnp.asarray(valid[1], bool),
+            "mask": jnp.asarray(valid[2], bool),
+        }
+    train = TrainConfig(
+        epochs=config.epochs,
+        batch_size=config.batch_lists,
+        learning_rate=config.learning_rate,
+        patience=config.patience if valid is not None else None,
+        optimizer="adamw",
+        weight_decay=config.weight_decay,
+    )
+    result = minimize(
+        _loss(module, config.pair_loss, correction),
+        params,
+        rows,
+        key,
+        train,
+        aux=aux,
+        valid=held_out,
+        on_epoch=on_epoch,
+        name=f"pairwise ranker ({correction})",
+    )
     history = [{name: r[name] for name in ("train_loss", "valid_loss") if name in r} for r in result.history]
     return PairwiseRanker(module, result.params, history)

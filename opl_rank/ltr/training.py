@@ -16,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from opl_rank import metrics
-
 from opl_rank.ltr import exposure_losses
-
-from opl_rank.pl import gradients
 from opl_rank.optimization import TrainConfig, minimize
+from opl_rank.pl import gradients
 from opl_rank.scorers import MLPScorer
 
 __all__ = ["LTRConfig", "LTRResult", "RankingQueries", "ideal_normalized_gains", "train_ltr", "LOSSES"]
@@ -77,7 +76,9 @@ class LTRConfig:
 
     def __post_init__(self) -> None:
         if self.estimator not in gradients.GRADIENT_ESTIMATORS:
-            raise ValueError(f"estimator must be one of {sorted(gradients.GRADIENT_ESTIMATORS)}, got {self.estimator!r}")
+            raise ValueError(
+                f"estimator must be one of {sorted(gradients.GRADIENT_ESTIMATORS)}, got {self.estimator!r}"
+            )
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {self.loss!r}")
         if self.loss != "relevance" and self.estimator not in _EXPOSURE_ESTIMATORS:
@@ -160,7 +161,11 @@ def _losses(config: LTRConfig) -> tuple[Callable, Callable]:
 
     def valid_metrics(params, valid, key):
         logits = masked_logits(params, valid["features"], valid["mask"])
-        return {f"valid_ndcg@{config.cutoff}": jnp.mean(metrics.ndcg_at_k(logits, valid["labels"], config.cutoff, where=valid["mask"]))}
+        return {
+            f"valid_ndcg@{config.cutoff}": jnp.mean(
+                metrics.ndcg_at_k(logits, valid["labels"], config.cutoff, where=valid["mask"])
+            )
+        }
 
     return batch_loss, valid_metrics
 
@@ -195,12 +200,21 @@ def train_ltr(
     if valid.features.shape[2] != train.features.shape[2]:
         raise ValueError(f"valid has {valid.features.shape[2]} features, train {train.features.shape[2]}")
     if config.cutoff > min(n_docs, valid.features.shape[1]):
-        raise ValueError(f"cutoff K={config.cutoff} exceeds the padded query size {min(n_docs, valid.features.shape[1])}")
+        raise ValueError(
+            f"cutoff K={config.cutoff} exceeds the padded query size {min(n_docs, valid.features.shape[1])}"
+        )
     batch_loss, valid_metrics = _losses(config)
-    rows = {"features": train.features, "rho": ideal_normalized_gains(train.labels, train.mask, config.cutoff),
-            "mask": train.mask}
-    held_out = {"features": valid.features, "rho": ideal_normalized_gains(valid.labels, valid.mask, config.cutoff),
-                "mask": valid.mask, "labels": valid.labels}
+    rows = {
+        "features": train.features,
+        "rho": ideal_normalized_gains(train.labels, train.mask, config.cutoff),
+        "mask": train.mask,
+    }
+    held_out = {
+        "features": valid.features,
+        "rho": ideal_normalized_gains(valid.labels, valid.mask, config.cutoff),
+        "mask": valid.mask,
+        "labels": valid.labels,
+    }
     key, k_init = jax.random.split(key)
     params = MLPScorer(hidden=tuple(config.hidden)).init(k_init, train.features[:1])
     times = [time.perf_counter()]
@@ -210,11 +224,28 @@ def train_ltr(
         if progress is not None:
             progress({"epoch": epoch, "seconds": times[-1] - times[-2], **record})
 
-    train_config = TrainConfig(epochs=config.epochs, batch_size=config.batch_queries, learning_rate=config.learning_rate,
-                               optimizer="adamax")
-    result = minimize(batch_loss, params, rows, key, train_config, valid=held_out, metrics_fn=valid_metrics,
-                      on_epoch=on_epoch, name=f"LTR ({config.estimator})")
-    history = [{"epoch": r["epoch"], "seconds": times[i + 1] - times[i], "train_loss": r["train_loss"],
-                f"valid_ndcg@{config.cutoff}": r[f"valid_ndcg@{config.cutoff}"], "valid_loss": r["valid_loss"]}
-               for i, r in enumerate(result.history)]
+    train_config = TrainConfig(
+        epochs=config.epochs, batch_size=config.batch_queries, learning_rate=config.learning_rate, optimizer="adamax"
+    )
+    result = minimize(
+        batch_loss,
+        params,
+        rows,
+        key,
+        train_config,
+        valid=held_out,
+        metrics_fn=valid_metrics,
+        on_epoch=on_epoch,
+        name=f"LTR ({config.estimator})",
+    )
+    history = [
+        {
+            "epoch": r["epoch"],
+            "seconds": times[i + 1] - times[i],
+            "train_loss": r["train_loss"],
+            f"valid_ndcg@{config.cutoff}": r[f"valid_ndcg@{config.cutoff}"],
+            "valid_loss": r["valid_loss"],
+        }
+        for i, r in enumerate(result.history)
+    ]
     return LTRResult(result.params, history)

@@ -26,7 +26,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["slot_gains", "complete_exact", "complete_beam", "complete", "best_rankings_beam", "one_hot_sum", "zero_diagonal"]
+__all__ = [
+    "slot_gains",
+    "complete_exact",
+    "complete_beam",
+    "complete",
+    "best_rankings_beam",
+    "one_hot_sum",
+    "zero_diagonal",
+]
 
 
 def zero_diagonal(v: jax.Array) -> jax.Array:
@@ -176,8 +184,14 @@ def best_rankings_beam(g, v, alpha, *, beam_width: int = 64, scale=1.0, v_t=None
     batch = max(1, min(n, max_floats // (beam_width * n_items)))
     pad = -n % batch
     rows = jnp.concatenate([g, jnp.repeat(g[-1:], pad, axis=0)]) if pad else g
-    out = _beam_batches(rows.reshape(-1, batch, n_items), v, v_t, jnp.asarray(scale, jnp.float32),
-                        jnp.asarray(alpha, jnp.float32), beam_width=beam_width)
+    out = _beam_batches(
+        rows.reshape(-1, batch, n_items),
+        v,
+        v_t,
+        jnp.asarray(scale, jnp.float32),
+        jnp.asarray(alpha, jnp.float32),
+        beam_width=beam_width,
+    )
     return out.reshape(-1, alpha.shape[0])[:n]
 
 

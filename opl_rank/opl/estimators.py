@@ -34,13 +34,14 @@ exponential; clipped weights still multiply the score function.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from opl_rank.pl import gradients
 from opl_rank.data import LoggedData
+from opl_rank.pl import gradients
 from opl_rank.pl.gradients import magic_box
 
 __all__ = [
@@ -332,6 +333,4 @@ def ranking_model_value(logits, value_fn, n_slots, key, n_samples, *, where=None
     Returns:
       ``[n]``.
     """
-    return gradients.sampled_policy_gradient(
-        logits, value_fn, n_slots, key, n_samples, where=where, baseline=baseline
-    )
+    return gradients.sampled_policy_gradient(logits, value_fn, n_slots, key, n_samples, where=where, baseline=baseline)

@@ -31,24 +31,36 @@ import contextlib
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from opl_rank.pl import marginals
-
-from opl_rank.opl import estimators as opl_estimators
+from opl_rank import tuning
 from opl_rank.data import LoggedData, train_val_split
+from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import ModelTerms, estimate
-from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
 from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
 from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
+from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
+from opl_rank.pl import marginals
 from opl_rank.scorers import make_scorer
-from opl_rank import tuning
 
-__all__ = ["MODEL_METHODS", "LEARNERS", "Learner", "register_learner", "learning_methods", "needs_reward_model",
-           "needs_position_marginals", "LearnerConfig", "ClippedWeightsWarning", "fit", "fit_seeds", "fit_arrays"]
+__all__ = [
+    "MODEL_METHODS",
+    "LEARNERS",
+    "Learner",
+    "register_learner",
+    "learning_methods",
+    "needs_reward_model",
+    "needs_position_marginals",
+    "LearnerConfig",
+    "ClippedWeightsWarning",
+    "fit",
+    "fit_seeds",
+    "fit_arrays",
+]
 
 MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
 SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot_marginals
@@ -75,8 +87,14 @@ class Learner:
 LEARNERS: dict[str, Learner] = {}  # learners registered by name (register_learner)
 
 
-def register_learner(name: str, fit_fn: Callable[..., RankingPolicy], *, needs_reward_model: bool = False,
-                     needs_position_marginals: bool = False, replace: bool = False) -> Learner:
+def register_learner(
+    name: str,
+    fit_fn: Callable[..., RankingPolicy],
+    *,
+    needs_reward_model: bool = False,
+    needs_position_marginals: bool = False,
+    replace: bool = False,
+) -> Learner:
     """Add a learning method: :func:`fit`, :func:`fit_seeds`, :func:`learning_methods`,
     :class:`LearnerConfig` and the sweep then know ``name``.
 
@@ -101,7 +119,9 @@ def register_learner(name: str, fit_fn: Callable[..., RankingPolicy], *, needs_r
     if name in MODEL_METHODS or name in opl_estimators.OPL_ESTIMATORS:
         raise ValueError(f"learner name {name!r} is a built-in method or a registered estimator")
     if not callable(fit_fn):
-        raise TypeError(f"fit_fn must be callable (data, key, config, *, on_epoch=None) -> policy, got {type(fit_fn).__name__}")
+        raise TypeError(
+            f"fit_fn must be callable (data, key, config, *, on_epoch=None) -> policy, got {type(fit_fn).__name__}"
+        )
     entry = Learner(fit_fn, bool(needs_reward_model), bool(needs_position_marginals))
     if name in LEARNERS and not replace and LEARNERS[name] != entry:
         raise ValueError(f"learner {name!r} is already registered")
@@ -195,21 +215,31 @@ class LearnerConfig:
         if self.slot_marginals not in SLOT_MARGINALS:
             raise ValueError(f"slot_marginals must be one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
         if self.slot_marginal_samples is not None and (
-                not isinstance(self.slot_marginal_samples, int) or isinstance(self.slot_marginal_samples, bool)
-                or self.slot_marginal_samples < (1 if self.slot_marginals == "insertion" else 2)):
-            raise ValueError(f"slot_marginal_samples must be None or an int >= 1 ('insertion') / >= 2 ('sampled'), "
-                             f"got {self.slot_marginal_samples!r}")
+            not isinstance(self.slot_marginal_samples, int)
+            or isinstance(self.slot_marginal_samples, bool)
+            or self.slot_marginal_samples < (1 if self.slot_marginals == "insertion" else 2)
+        ):
+            raise ValueError(
+                f"slot_marginal_samples must be None or an int >= 1 ('insertion') / >= 2 ('sampled'), "
+                f"got {self.slot_marginal_samples!r}"
+            )
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
-        if self.item_feature_dim is not None and (not isinstance(self.item_feature_dim, int) or self.item_feature_dim < 1):
+        if self.item_feature_dim is not None and (
+            not isinstance(self.item_feature_dim, int) or self.item_feature_dim < 1
+        ):
             raise ValueError(f"item_feature_dim must be None or a positive int, got {self.item_feature_dim!r}")
         if not self.max_log_weight > 0:
             raise ValueError(f"max_log_weight must be > 0, got {self.max_log_weight}")
 
     def reward_model_options(self) -> dict[str, Any]:
         """The f_hat settings, as keyword arguments of ``fit_reward_model``."""
-        return dict(kind=self.reward_model, hidden=self.reward_hidden, config=self.reward_train,
-                    item_feature_dim=self.item_feature_dim)
+        return dict(
+            kind=self.reward_model,
+            hidden=self.reward_hidden,
+            config=self.reward_train,
+            item_feature_dim=self.item_feature_dim,
+        )
 
 
 class _Plan(NamedTuple):
@@ -233,7 +263,9 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
     if k > n_slots:
         raise ValueError(f"k={k} must be in [0, L={n_slots}]")
     if needs_position_marginals(config.method) and data.log_pi0_position_marginal is None:
-        raise ValueError(f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
+        raise ValueError(
+            f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')"
+        )
     module = None
     if needs_reward_model(config.method):
         module = reward_module(data, config.reward_model, config.reward_hidden, "sum", config.item_feature_dim, k)
@@ -273,18 +305,28 @@ def _surrogate(plan: _Plan) -> Callable:
             logits = policy.logits(batch.context)
             if k == plan.n_slots and reward_model.kind == "additive":
                 policy_value = opl_estimators.additive_model_value(
-                    logits, reward_model.item_values(batch.context), batch.position_weight, key, config.n_samples,
-                    where=batch.item_mask)
+                    logits,
+                    reward_model.item_values(batch.context),
+                    batch.position_weight,
+                    key,
+                    config.n_samples,
+                    where=batch.item_mask,
+                )
             else:
+
                 def value_fn(prefixes):
-                    completed = reward_model.complete(batch.context, prefixes, where=batch.item_mask,
-                                                      order=extras.get("completion_order"))
+                    completed = reward_model.complete(
+                        batch.context, prefixes, where=batch.item_mask, order=extras.get("completion_order")
+                    )
                     return reward_model.predict(batch.context, completed)
 
-                policy_value = opl_estimators.ranking_model_value(logits, value_fn, k, key, config.n_samples,
-                                                                  where=batch.item_mask)
+                policy_value = opl_estimators.ranking_model_value(
+                    logits, value_fn, k, key, config.n_samples, where=batch.item_mask
+                )
             model = ModelTerms(reward_model.predict(batch.context, batch.ranking), policy_value)
-        terms = entry.terms(target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight)
+        terms = entry.terms(
+            target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight
+        )
         return -estimate(terms) * _overflow_guard(terms)
 
     return loss
@@ -303,7 +345,9 @@ _MAX_LOG_TERMS = 20.0
 def _overflow_guard(terms) -> jax.Array:
     """``min(1, e^20 / sum_i |contribution_i|)`` without gradient (see above)."""
     value = jnp.abs(jax.lax.stop_gradient(terms.value))
-    total = jnp.sum(value) / (value.shape[0] if terms.normalizer is None else jnp.abs(jnp.sum(jax.lax.stop_gradient(terms.normalizer))))
+    total = jnp.sum(value) / (
+        value.shape[0] if terms.normalizer is None else jnp.abs(jnp.sum(jax.lax.stop_gradient(terms.normalizer)))
+    )
     log_total = jnp.log(jnp.maximum(total, 1e-30))
     return jax.lax.stop_gradient(jnp.exp(-jnp.maximum(log_total - _MAX_LOG_TERMS, 0.0)))
 
@@ -312,8 +356,14 @@ def _reward_model(plan: _Plan, params: Any, position_weight: jax.Array) -> Rewar
     return RewardModel(plan.config.reward_model, plan.reward_module, params, position_weight)
 
 
-def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any = None, *,
-               listeners: tuple[Any, Any] = (None, None)) -> dict[str, TrainResult | None]:
+def fit_arrays(
+    plan: _Plan,
+    data: LoggedData,
+    key: jax.Array,
+    reward_params: Any = None,
+    *,
+    listeners: tuple[Any, Any] = (None, None),
+) -> dict[str, TrainResult | None]:
     """The fit as a pure function of arrays (jit-able; ``jax.vmap`` over seeds).
 
     Args:
@@ -334,8 +384,9 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         data, valid = train_val_split(data, k_split, config.valid_fraction)
     out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
     if plan.reward_module is not None and reward_params is None:
-        out["reward"] = train_reward_params(plan.reward_module, "sum", data, k_reward, config.reward_train,
-                                            listener=listeners[0])
+        out["reward"] = train_reward_params(
+            plan.reward_module, "sum", data, k_reward, config.reward_train, listener=listeners[0]
+        )
         reward_params = out["reward"].params
     elif reward_params is not None:
         out["reward"] = TrainResult(reward_params, None)
@@ -343,30 +394,40 @@ def fit_arrays(plan: _Plan, data: LoggedData, key: jax.Array, reward_params: Any
         train = config.train
         first_context = data.context[:1]
         if plan.completion_order:
-            data, valid = (None if d is None else (d, {"completion_order": _completion_orders(plan, reward_params, d)})
-                           for d in (data, valid))
+            data, valid = (
+                None if d is None else (d, {"completion_order": _completion_orders(plan, reward_params, d)})
+                for d in (data, valid)
+            )
         out["policy"] = train_jit(
-            _surrogate(plan), train.make_optimizer(), plan.policy_module.init(k_init, first_context), data, k_fit,
-            epochs=train.epochs, batch_size=train.batch_size, aux=reward_params, valid=valid,
-            patience=train.patience if valid is not None else None, devices=train.devices, listener=listeners[1],
+            _surrogate(plan),
+            train.make_optimizer(),
+            plan.policy_module.init(k_init, first_context),
+            data,
+            k_fit,
+            epochs=train.epochs,
+            batch_size=train.batch_size,
+            aux=reward_params,
+            valid=valid,
+            patience=train.patience if valid is not None else None,
+            devices=train.devices,
+            listener=listeners[1],
         )
     return out
-
-
 
 
 def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Array:
     """int32 ``[n, L]``: every row's completion order under the fitted additive f_hat."""
     reward_model = _reward_model(plan, reward_params, data.position_weight)
     rows = {"context": data.context, "item_mask": data.item_mask}
-    return jax.lax.map(lambda r: reward_model.completion_order(r["context"], where=r["item_mask"]), rows,
-                       batch_size=min(tuning.COMPLETION_ORDER_ROWS, data.n_rounds))
+    return jax.lax.map(
+        lambda r: reward_model.completion_order(r["context"], where=r["item_mask"]),
+        rows,
+        batch_size=min(tuning.COMPLETION_ORDER_ROWS, data.n_rounds),
+    )
 
 
 class ClippedWeightsWarning(RuntimeWarning):
     """Most logged rows' importance weights exceed ``max_log_weight`` under the learned policy."""
-
-
 
 
 def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
@@ -386,7 +447,10 @@ def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
         warnings.warn(
             f"{plan.config.method}: {share:.0%} of the logged rows have importance weights above "
             f"e^{plan.config.max_log_weight:g} (max_log_weight) under the learned policy; the estimate is dominated "
-            "by clipping (check the logged propensities)", ClippedWeightsWarning, stacklevel=3)
+            "by clipping (check the logged propensities)",
+            ClippedWeightsWarning,
+            stacklevel=3,
+        )
 
 
 def _policy(plan: _Plan, fitted: dict[str, Any], position_weight: jax.Array) -> RankingPolicy:
@@ -420,7 +484,9 @@ def _listeners(on_epoch: EpochCallback | None):
             yield tuple(stack.enter_context(listen(functools.partial(on_epoch, part))) for part in ("reward", "policy"))
 
 
-def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None) -> RankingPolicy:
+def fit(
+    data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
+) -> RankingPolicy:
     """Learn a ranking policy from logged data.
 
     Args:
@@ -455,16 +521,21 @@ def fit(data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: Ep
     return policy
 
 
-def _fit_registered(data: LoggedData, key: jax.Array, config: LearnerConfig, on_epoch: EpochCallback | None) -> RankingPolicy:
+def _fit_registered(
+    data: LoggedData, key: jax.Array, config: LearnerConfig, on_epoch: EpochCallback | None
+) -> RankingPolicy:
     """One seed of a registered learner (:data:`LEARNERS`)."""
     entry = LEARNERS[config.method]
     if entry.needs_position_marginals and data.log_pi0_position_marginal is None:
-        raise ValueError(f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
+        raise ValueError(
+            f"{config.method} needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')"
+        )
     return entry.fit(data, key, config, on_epoch=on_epoch)
 
 
-def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *,
-              on_epoch: EpochCallback | None = None) -> list[RankingPolicy]:
+def fit_seeds(
+    datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
+) -> list[RankingPolicy]:
     """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), as one
     ``jax.vmap`` of :func:`fit_arrays` (what an accelerator wants).
 
@@ -492,8 +563,9 @@ def fit_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfi
     leaves, treedef = stack_data(datas)
     with _listeners(on_epoch) as listeners:
         # Rebuilt inside the vmap (from tracers: LoggedData validates concrete data only).
-        fitted = jax.vmap(lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key, listeners=listeners))(
-            leaves, keys)
+        fitted = jax.vmap(
+            lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key, listeners=listeners)
+        )(leaves, keys)
         fitted = jax.block_until_ready(fitted)
     return [_policy(plan, jax.tree.map(lambda x: x[s], fitted), d.position_weight) for s, d in enumerate(datas)]
 

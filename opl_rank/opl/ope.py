@@ -17,17 +17,18 @@ import dataclasses
 import functools
 import math
 import warnings
+from collections.abc import Sequence
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from opl_rank.opl import estimators as opl_estimators
+from opl_rank import tuning
 from opl_rank.data import LoggedData
+from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import ModelTerms
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities
-from opl_rank import tuning
 
 __all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate"]
 
@@ -55,11 +56,15 @@ class OPEResult:
     max_weight: float
 
 
-
-
 def model_values(
-    policy: Any, reward_model: Any, context: jax.Array, key: jax.Array, *, n_samples: int = 256,
-    where: jax.Array | None = None, n_items: int | None = None,
+    policy: Any,
+    reward_model: Any,
+    context: jax.Array,
+    key: jax.Array,
+    *,
+    n_samples: int = 256,
+    where: jax.Array | None = None,
+    n_items: int | None = None,
 ) -> jax.Array:
     """``E_{a ~ pi}[f_hat(x, a)]`` per row ``[n]``: exact for deterministic policies, a
     Monte Carlo mean over ``n_samples`` rankings for stochastic ones (of the candidates
@@ -81,8 +86,9 @@ def _model_values(policy, reward_model, context, key, n_samples, where, n_items)
     # bounded memory at any n, and the same keys (hence values) as one vmap over all of them.
     per_sample = context.shape[0] * max(1024 if n_items is None else n_items, policy.n_slots)
     batch = int(max(1, min(n_samples, tuning.OPE_BATCH_FLOATS // per_sample)))
-    values = jax.lax.map(lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys,
-                         batch_size=batch)  # [N, n]
+    values = jax.lax.map(
+        lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys, batch_size=batch
+    )  # [N, n]
     return jnp.mean(values, axis=0)
 
 
@@ -148,8 +154,10 @@ def evaluate(
       ``{name: OPEResult}``.
     """
     if not isinstance(policy, RankingPolicy):
-        raise TypeError(f"policy must be a RankingPolicy (n_slots, deterministic, sample, log_prob, propensities), "
-                        f"got {type(policy).__name__}")
+        raise TypeError(
+            f"policy must be a RankingPolicy (n_slots, deterministic, sample, log_prob, propensities), "
+            f"got {type(policy).__name__}"
+        )
     entries = {name: opl_estimators.get(name) for name in estimators}
     if ci not in ("bootstrap", "normal"):
         raise ValueError(f"ci must be 'bootstrap' or 'normal', got {ci!r}")
@@ -160,8 +168,10 @@ def evaluate(
         raise ValueError(f"estimators {needs_model} need reward_model")
     marginals = [name for name, e in entries.items() if e.needs_position_marginals]
     if marginals and data.log_pi0_position_marginal is None:
-        raise ValueError(f"{', '.join(marginals)} needs LoggedData.log_pi0_position_marginal "
-                         "(simulate with position_marginals='exact')")
+        raise ValueError(
+            f"{', '.join(marginals)} needs LoggedData.log_pi0_position_marginal "
+            "(simulate with position_marginals='exact')"
+        )
     n_slots = data.ranking_length
     if policy.n_slots != n_slots:
         raise ValueError(f"policy ranks {policy.n_slots} slots but the logged rankings have L={n_slots}")
@@ -169,14 +179,25 @@ def evaluate(
         if k is None:
             k = getattr(policy, "k", None)
         if not isinstance(k, int) or not 0 <= k <= n_slots:
-            raise ValueError(f"{', '.join(n for n, e in entries.items() if e.uses_k)} needs k, an int in [0, L={n_slots}], got {k!r}")
+            raise ValueError(
+                f"{', '.join(n for n, e in entries.items() if e.uses_k)} needs k, an int in [0, L={n_slots}], got {k!r}"
+            )
     k_prop, k_model, k_boot = jax.random.split(key, 3)
     target = compiled_propensities(policy, data, k_prop, slot_marginals=bool(marginals))
     model = None
     if reward_model is not None:
-        model = ModelTerms(reward_model.predict(data.context, data.ranking),
-                           model_values(policy, reward_model, data.context, k_model, n_samples=n_samples,
-                                        where=data.item_mask, n_items=data.n_items))
+        model = ModelTerms(
+            reward_model.predict(data.context, data.ranking),
+            model_values(
+                policy,
+                reward_model,
+                data.context,
+                k_model,
+                n_samples=n_samples,
+                where=data.item_mask,
+                n_items=data.n_items,
+            ),
+        )
     z = NormalDist().inv_cdf(0.5 + level / 2)
     results = {}
     for i, (name, entry) in enumerate(entries.items()):
@@ -198,9 +219,12 @@ def evaluate(
         ess = min(_ess(col) for col in (w.T if w.ndim == 2 else w[None]))
         results[name] = OPEResult(name, value, stderr, low, high, ci, n, ess, float(jnp.max(w)))
         if not math.isfinite(ess) or ess < DEGENERATE_ESS_FRACTION * n:
-            warnings.warn(DegenerateWeightsWarning(
-                f"ope.evaluate: estimator {name!r} has degenerate importance weights: effective sample "
-                f"size {ess:.4g} of n={n} (below {DEGENERATE_ESS_FRACTION:.0%} of n, or not finite; "
-                f"largest weight {float(jnp.max(w)):.4g}); its estimate {value:.4g} is not reliable"
-            ), stacklevel=2)
+            warnings.warn(
+                DegenerateWeightsWarning(
+                    f"ope.evaluate: estimator {name!r} has degenerate importance weights: effective sample "
+                    f"size {ess:.4g} of n={n} (below {DEGENERATE_ESS_FRACTION:.0%} of n, or not finite; "
+                    f"largest weight {float(jnp.max(w)):.4g}); its estimate {value:.4g} is not reliable"
+                ),
+                stacklevel=2,
+            )
     return results

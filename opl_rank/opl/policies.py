@@ -24,14 +24,22 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from opl_rank.pl import marginals
-from opl_rank.pl import plackett_luce as pl
+from opl_rank import tuning
 from opl_rank.data import LoggedData
 from opl_rank.opl.estimators import Propensities
-from opl_rank import tuning
+from opl_rank.pl import marginals
+from opl_rank.pl import plackett_luce as pl
 
-__all__ = ["RankingPolicy", "PolicyParts", "PLPolicy", "RegressionPolicy", "TwoStagePolicy", "MIN_MARGINAL",
-           "greedy_rankings", "compiled_propensities"]
+__all__ = [
+    "RankingPolicy",
+    "PolicyParts",
+    "PLPolicy",
+    "RegressionPolicy",
+    "TwoStagePolicy",
+    "MIN_MARGINAL",
+    "greedy_rankings",
+    "compiled_propensities",
+]
 
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
 # so a logged item's marginal is never rounded to an impossible 0.
@@ -82,7 +90,9 @@ class RankingPolicy(Protocol):
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """``[n, dx], [n, L] -> [n]`` log pi(a | x) (``-inf`` off a deterministic policy's support)."""
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         """Log-propensities of ``data.ranking`` (``log_slot`` only when ``slot_marginals``)."""
 
 
@@ -169,7 +179,9 @@ class PLPolicy:
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return pl.prefix_log_probs(self.logits(context), rankings[..., : self.n_slots], where=where)[..., -1]
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
 
         ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
@@ -190,7 +202,9 @@ class PLPolicy:
             elif self.slot_marginal_estimator == "insertion":
                 estimate = marginals.insertion_slot_marginals(key, logits, ranking, n, where=data.item_mask)
             else:
-                raise ValueError(f"slot_marginal_estimator must be 'prefix' or 'insertion', got {self.slot_marginal_estimator!r}")
+                raise ValueError(
+                    f"slot_marginal_estimator must be 'prefix' or 'insertion', got {self.slot_marginal_estimator!r}"
+                )
             log_slot = _log_marginal(estimate)
         elif slot_marginals:
             log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
@@ -200,7 +214,9 @@ class PLPolicy:
         """``{"scorer": ..., "n_slots": L}`` and the scorer's parameters."""
         scorer, context_dim = writer.scorer(self.module, self.params["params"])
         spec = {"scorer": scorer, "n_slots": int(self.n_slots)}
-        return PolicyParts(spec, {"scorer": writer.arrays(self.params)}, scorer["n_items"], context_dim, int(self.n_slots))
+        return PolicyParts(
+            spec, {"scorer": writer.arrays(self.params)}, scorer["n_items"], context_dim, int(self.n_slots)
+        )
 
     @classmethod
     def from_spec(cls, spec: dict, arrays: Any, reader: Any) -> PLPolicy:
@@ -235,7 +251,9 @@ class RegressionPolicy:
         same = jnp.all(self.sample(None, context, where=where) == rankings, axis=-1)
         return jnp.where(same, 0.0, -jnp.inf)
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         """Indicators: ``log pi(a_{1:l}) = 0`` while the logged prefix is the argmax's, else ``-inf``."""
         same = data.ranking == self.sample(None, data.context, where=data.item_mask)
         log_slot = _log_indicator(same) if slot_marginals else None
@@ -244,7 +262,9 @@ class RegressionPolicy:
     def to_spec(self, writer: Any) -> PolicyParts:
         """``{"reward_model": ...}`` and f_hat's arrays."""
         model, arrays, context_dim = writer.reward_model(self.reward_model)
-        return PolicyParts({"reward_model": model}, {"reward_model": arrays}, model["module"]["n_items"], context_dim, 0)
+        return PolicyParts(
+            {"reward_model": model}, {"reward_model": arrays}, model["module"]["n_items"], context_dim, 0
+        )
 
     @classmethod
     def from_spec(cls, spec: dict, arrays: Any, reader: Any) -> RegressionPolicy:
@@ -296,7 +316,9 @@ class TwoStagePolicy:
         same = jnp.all(completed == rankings, axis=-1)
         return jnp.where(same, self.first_stage.log_prob(context, rankings, where=where), -jnp.inf)
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         """PL prefix probabilities up to k times the indicator that the second stage
         completes the logged prefix the logged way.
 
@@ -318,24 +340,40 @@ class TwoStagePolicy:
         per_row = (n_prefixes if enumerate_prefixes else self.n_samples) * (data.n_items + self.n_slots)
         rows = int(max(1, min(n, tuning.POLICY_CHUNK_FLOATS // per_row)))
         starts = range(0, n, rows)
-        keys = [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
-        beyond = jnp.concatenate([
-            _beyond_k_marginals(
-                self, context[s : s + rows], ranking[s : s + rows], logits[s : s + rows],
-                None if where is None else where[s : s + rows], chunk_key, n_prefixes if enumerate_prefixes else 0,
-            )
-            for s, chunk_key in zip(starts, keys)
-        ], axis=0)
+        keys = (
+            [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
+        )
+        beyond = jnp.concatenate(
+            [
+                _beyond_k_marginals(
+                    self,
+                    context[s : s + rows],
+                    ranking[s : s + rows],
+                    logits[s : s + rows],
+                    None if where is None else where[s : s + rows],
+                    chunk_key,
+                    n_prefixes if enumerate_prefixes else 0,
+                )
+                for s, chunk_key in zip(starts, keys)
+            ],
+            axis=0,
+        )
         return Propensities(log_prefix, jnp.concatenate([first_log_slot, _log_marginal(beyond)], axis=-1))
 
     def to_spec(self, writer: Any) -> PolicyParts:
         """The first stage's spec (a saved PLPolicy), f_hat's, and the marginals' settings."""
         if type(self.first_stage) is not PLPolicy:
-            raise TypeError(f"save_policy: a TwoStagePolicy's first stage must be a PLPolicy, got {type(self.first_stage).__name__}")
+            raise TypeError(
+                f"save_policy: a TwoStagePolicy's first stage must be a PLPolicy, got {type(self.first_stage).__name__}"
+            )
         first = writer.policy(self.first_stage)
         model, model_arrays, _ = writer.reward_model(self.reward_model)
-        spec = {"first_stage": first.spec, "reward_model": model,
-                "n_samples": int(self.n_samples), "max_enumerated": int(self.max_enumerated)}
+        spec = {
+            "first_stage": first.spec,
+            "reward_model": model,
+            "n_samples": int(self.n_samples),
+            "max_enumerated": int(self.max_enumerated),
+        }
         arrays = {"first_stage": first.arrays, "reward_model": model_arrays}
         return PolicyParts(spec, arrays, first.n_items, first.context_dim, first.k)
 
@@ -351,9 +389,15 @@ class TwoStagePolicy:
         k = self.k
         if n_prefixes:
             n_items = logits.shape[-1]
-            prefixes = jnp.broadcast_to(jnp.asarray(pl.all_rankings(n_items, k))[:, None, :], (n_prefixes, ranking.shape[0], k))
+            prefixes = jnp.broadcast_to(
+                jnp.asarray(pl.all_rankings(n_items, k))[:, None, :], (n_prefixes, ranking.shape[0], k)
+            )
             mask = None if where is None else jnp.broadcast_to(where, (n_prefixes,) + where.shape)
-            weight = jnp.exp(pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes, where=mask)[..., -1])
+            weight = jnp.exp(
+                pl.prefix_log_probs(jnp.broadcast_to(logits, (n_prefixes,) + logits.shape), prefixes, where=mask)[
+                    ..., -1
+                ]
+            )
         else:
             prefixes = pl.sample_rankings(key, logits, k, where=where, n_samples=self.n_samples)  # [N, m, k]
             weight = jnp.full(prefixes.shape[:2], 1.0 / self.n_samples)
@@ -383,8 +427,9 @@ def _compiled_propensities(policy, data, key, slot_marginals):
     return policy.propensities(data, key, slot_marginals=slot_marginals)
 
 
-def compiled_propensities(policy: RankingPolicy, data: LoggedData, key: jax.Array | None = None, *,
-                          slot_marginals: bool = False) -> Propensities:
+def compiled_propensities(
+    policy: RankingPolicy, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+) -> Propensities:
     """``policy.propensities(data, key, slot_marginals=...)``, compiled as one program when the
     policy says it may be (``policy.jit_propensities``: this module's PL and regression
     policies; same numbers, a few hundred fewer op-by-op compilations when OPE or a check
@@ -412,5 +457,7 @@ def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None 
         return greedy(context, where=where)
     if getattr(policy, "deterministic", False):
         return policy.sample(None, context, where=where)
-    raise TypeError(f"greedy_rankings needs a policy with a greedy(context, *, where=None) method or a deterministic "
-                    f"one (PLPolicy, TwoStagePolicy, RegressionPolicy have it), got {type(policy).__name__}")
+    raise TypeError(
+        f"greedy_rankings needs a policy with a greedy(context, *, where=None) method or a deterministic "
+        f"one (PLPolicy, TwoStagePolicy, RegressionPolicy have it), got {type(policy).__name__}"
+    )

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from opl_rank.data import LoggedData
 from opl_rank.opl import completion
 from opl_rank.opl.completion import one_hot_sum, zero_diagonal
-from opl_rank.data import LoggedData
 from opl_rank.optimization import TrainConfig, TrainResult, check_finite, minimize, train_jit
 from opl_rank.pl.plackett_luce import cumsum_slots
 from opl_rank.scorers import make_scorer
@@ -103,9 +104,11 @@ class _SlotValues(nn.Module):
         return values.at[..., 0].add(self.offset)
 
 
-
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["params", "position_weight"],
-                   meta_fields=["kind", "module", "max_enumerated", "beam_width"])  # a pytree: jit-able whole
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["params", "position_weight"],
+    meta_fields=["kind", "module", "max_enumerated", "beam_width"],
+)  # a pytree: jit-able whole
 @dataclasses.dataclass(frozen=True)
 class RewardModel:
     """A fitted f_hat. Pure-array methods; jit-able through ``params``."""
@@ -148,8 +151,9 @@ class RewardModel:
         g = self._candidate_values(context, where)
         return jax.lax.top_k(g, min(self.n_slots, g.shape[-1]))[1].astype(jnp.int32)
 
-    def complete(self, context: jax.Array, prefixes: jax.Array, *, where: jax.Array | None = None,
-                 order: jax.Array | None = None) -> jax.Array:
+    def complete(
+        self, context: jax.Array, prefixes: jax.Array, *, where: jax.Array | None = None, order: jax.Array | None = None
+    ) -> jax.Array:
         """Second stage (Eq. 13): the best completion of each prefix under f_hat.
 
         Args:
@@ -170,8 +174,10 @@ class RewardModel:
         if rest == 0:
             return prefixes
         if k < self.module.prefix_slots:
-            raise ValueError(f"a two-step f_hat fitted for k={self.module.prefix_slots} completes prefixes of length "
-                             f">= {self.module.prefix_slots}, got {k}")
+            raise ValueError(
+                f"a two-step f_hat fitted for k={self.module.prefix_slots} completes prefixes of length "
+                f">= {self.module.prefix_slots}, got {k}"
+            )
         if base_kind(self.kind) == "additive":
             # The best tail is the first L - k items of g's top L that the prefix does not
             # hold: one top-L per row, shared by every prefix, instead of a top-k over D per
@@ -181,15 +187,22 @@ class RewardModel:
             order = jnp.broadcast_to(order.astype(prefixes.dtype), prefixes.shape[:-1] + order.shape[-1:])
             free = ~jnp.any(order[..., :, None] == prefixes[..., None, :], axis=-1)  # [.., n, L]
             position = cumsum_slots(free.astype(jnp.int32)) - 1  # rank among the free ones
-            picks = free[..., :, None] & (position[..., :, None] == jnp.arange(rest, dtype=jnp.int32).reshape(
-                (1,) * (prefixes.ndim - 1) + (1, rest)))  # [.., n, L, rest]
+            picks = free[..., :, None] & (
+                position[..., :, None]
+                == jnp.arange(rest, dtype=jnp.int32).reshape((1,) * (prefixes.ndim - 1) + (1, rest))
+            )  # [.., n, L, rest]
             tail = jnp.sum(jnp.where(picks, order[..., :, None], 0), axis=-2).astype(prefixes.dtype)
             return jnp.concatenate([prefixes, tail], axis=-1)
         g = self._candidate_values(context, where)
         g = jnp.broadcast_to(g, prefixes.shape[:-1] + (n_items,))
         interaction = self.params["params"]["interaction"]
         return completion.complete(
-            g, interaction, self.position_weight, prefixes, max_enumerated=self.max_enumerated, beam_width=self.beam_width
+            g,
+            interaction,
+            self.position_weight,
+            prefixes,
+            max_enumerated=self.max_enumerated,
+            beam_width=self.beam_width,
         )[0]
 
 
@@ -240,8 +253,14 @@ def fit_reward_model(
 
 
 def train_reward_params(
-    module: "_SlotValues", target: str, data: LoggedData, key: jax.Array, config: TrainConfig, *,
-    valid: LoggedData | None = None, listener: Any = None,
+    module: _SlotValues,
+    target: str,
+    data: LoggedData,
+    key: jax.Array,
+    config: TrainConfig,
+    *,
+    valid: LoggedData | None = None,
+    listener: Any = None,
 ) -> TrainResult:
     """Initialise and fit a one-step f_hat's parameters: a pure function of arrays
     (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays. ``listener``:
@@ -249,15 +268,28 @@ def train_reward_params(
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
     return train_jit(
-        _least_squares(module, target), config.make_optimizer(), params, data, k_fit,
-        epochs=config.epochs, batch_size=config.batch_size, valid=valid, patience=config.patience if valid is not None else None,
-        devices=config.devices, listener=listener,
+        _least_squares(module, target),
+        config.make_optimizer(),
+        params,
+        data,
+        k_fit,
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        valid=valid,
+        patience=config.patience if valid is not None else None,
+        devices=config.devices,
+        listener=listener,
     )
 
 
 def reward_module(
-    data: LoggedData, kind: str, hidden: Sequence[int], target: str, item_feature_dim: int | None, two_step_k: int | None
-) -> "_SlotValues":
+    data: LoggedData,
+    kind: str,
+    hidden: Sequence[int],
+    target: str,
+    item_feature_dim: int | None,
+    two_step_k: int | None,
+) -> _SlotValues:
     if kind not in REWARD_MODEL_KINDS:
         raise ValueError(f"kind must be one of {REWARD_MODEL_KINDS}, got {kind!r}")
     if target not in ("sum", "slots"):
@@ -265,12 +297,19 @@ def reward_module(
     prefix_slots = -1
     if kind.endswith(_TWO_STEP):
         if not isinstance(two_step_k, int) or not 0 <= two_step_k <= data.ranking_length:
-            raise ValueError(f"kind {kind!r} needs two_step_k, R-POD's k in [0, L={data.ranking_length}], got {two_step_k!r}")
+            raise ValueError(
+                f"kind {kind!r} needs two_step_k, R-POD's k in [0, L={data.ranking_length}], got {two_step_k!r}"
+            )
         if target != "sum":
             raise ValueError("two-step reward models fit target='sum' only")
         prefix_slots = two_step_k
-    return _SlotValues(n_items=data.n_items, hidden=tuple(hidden), pairwise=(base_kind(kind) == "pairwise"),
-                       item_feature_dim=item_feature_dim, prefix_slots=prefix_slots)
+    return _SlotValues(
+        n_items=data.n_items,
+        hidden=tuple(hidden),
+        pairwise=(base_kind(kind) == "pairwise"),
+        item_feature_dim=item_feature_dim,
+        prefix_slots=prefix_slots,
+    )
 
 
 def shared_prefix_pairs(data: LoggedData, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +329,9 @@ def shared_prefix_pairs(data: LoggedData, k: int) -> tuple[np.ndarray, np.ndarra
     return order[:-1][same], order[1:][same]
 
 
-def _fit_two_step(module: "_SlotValues", params: Any, data: LoggedData, key: jax.Array, config: TrainConfig, target: str) -> Any:
+def _fit_two_step(
+    module: _SlotValues, params: Any, data: LoggedData, key: jax.Array, config: TrainConfig, target: str
+) -> Any:
     """Appendix A: h on within-group differences, then g on the residuals (h frozen).
 
     At k = L rounds sharing the whole ranking differ only by noise: step 1 has nothing to
@@ -307,8 +348,12 @@ def _fit_two_step(module: "_SlotValues", params: Any, data: LoggedData, key: jax
         )
     alpha = data.position_weight
     value = np.asarray(data.reward) @ np.asarray(alpha)
-    pairs = {"context": data.context[i], "ranking_i": data.ranking[i], "ranking_j": data.ranking[j],
-             "difference": jnp.asarray(value[i] - value[j], jnp.float32)}
+    pairs = {
+        "context": data.context[i],
+        "ranking_i": data.ranking[i],
+        "ranking_j": data.ranking[j],
+        "difference": jnp.asarray(value[i] - value[j], jnp.float32),
+    }
     params = minimize(_pair_differences(module), params, pairs, k_pairs, config, aux=alpha).params
     return minimize(_residuals(module), params, data, k_rest, config).params
 
@@ -330,8 +375,10 @@ def _residuals(module: _SlotValues):
     """Step 2: least squares on R with h frozen (only g's head and offset move)."""
 
     def loss(params, batch, key, aux):
-        inner = {name: (value if name in ("prefix_head", "offset") else jax.lax.stop_gradient(value))
-                 for name, value in params["params"].items()}
+        inner = {
+            name: (value if name in ("prefix_head", "offset") else jax.lax.stop_gradient(value))
+            for name, value in params["params"].items()
+        }
         f = module.apply({"params": inner}, batch.context, batch.ranking) @ batch.position_weight
         return jnp.mean((batch.reward @ batch.position_weight - f) ** 2)
 

@@ -10,12 +10,14 @@ is fitted on the training part, with the learner's reward-model kind.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
-from opl_rank.opl import ope, estimators as opl_estimators
 from opl_rank.data import LoggedData, train_val_split
+from opl_rank.opl import estimators as opl_estimators
+from opl_rank.opl import ope
 from opl_rank.opl.learners import LearnerConfig, fit
 from opl_rank.opl.reward_models import base_kind, fit_reward_model
 
@@ -81,11 +83,25 @@ def select_k(
     for k in ks:
         policy = fit(train, k_fit, dataclasses.replace(config, k=k))
         result = ope.evaluate(
-            policy, holdout, jax.random.fold_in(k_ope, k), estimators=(estimator,),
-            reward_model=reward_model, k=k if entry.uses_k else None, ci=ci, n_samples=n_samples,
+            policy,
+            holdout,
+            jax.random.fold_in(k_ope, k),
+            estimators=(estimator,),
+            reward_model=reward_model,
+            k=k if entry.uses_k else None,
+            ci=ci,
+            n_samples=n_samples,
         )[estimator]
         policies[k] = policy
-        table.append({"k": k, "value": result.value, "stderr": result.stderr, "ci_low": result.ci_low,
-                      "ci_high": result.ci_high, "ess": result.ess})
+        table.append(
+            {
+                "k": k,
+                "value": result.value,
+                "stderr": result.stderr,
+                "ci_low": result.ci_low,
+                "ci_high": result.ci_high,
+                "ess": result.ess,
+            }
+        )
     best = max(table, key=lambda row: (row["value"], -row["k"]))
     return KSelection(best["k"], estimator, table, policies)

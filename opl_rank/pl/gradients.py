@@ -31,7 +31,7 @@ Estimators (gradient of the expected utility):
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +99,9 @@ class _Samples:
     def log_prefix(self) -> jax.Array:
         """``[N, .., K]`` log pi(y_{1:k})."""
         if self.shared:
-            return pl.cumsum_slots(prefix_sampling.shared_slot_log_probs(self.row_logits, self.rankings, where=self.row_where))
+            return pl.cumsum_slots(
+                prefix_sampling.shared_slot_log_probs(self.row_logits, self.rankings, where=self.row_where)
+            )
         return pl.prefix_log_probs(self.logits, self.rankings, where=self.where)
 
     def log_prefix_before(self) -> jax.Array:
@@ -128,7 +130,9 @@ def _check(position_weight: jax.Array, n_items: int, n_samples: int, baseline: b
     if not 1 <= n_slots <= n_items:
         raise ValueError(f"len(position_weight) = K = {n_slots} must be in [1, D = {n_items}]")
     if n_samples < (2 if baseline else 1):
-        raise ValueError(f"n_samples must be >= {2 if baseline else 1} (leave-one-out baselines need 2), got {n_samples}")
+        raise ValueError(
+            f"n_samples must be >= {2 if baseline else 1} (leave-one-out baselines need 2), got {n_samples}"
+        )
     return n_slots
 
 
@@ -217,8 +221,9 @@ def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, 
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
     rel = jnp.where(s.valid[0], relevance.astype(jnp.float32), 0.0)  # [.., D]
-    return _marginalize_all(logits.astype(jnp.float32), rel, position_weight.astype(jnp.float32), s.rankings, s.valid[0],
-                            baseline)
+    return _marginalize_all(
+        logits.astype(jnp.float32), rel, position_weight.astype(jnp.float32), s.rankings, s.valid[0], baseline
+    )
 
 
 def _at_ranked(per_item: jax.Array, rankings: jax.Array):
@@ -304,7 +309,9 @@ def _marginalize_all_bwd(baseline, residuals, g):
     # and pi_r C_r - C_r as -expm1(log pi_r) C_r: no float32 residue of O(1) terms where
     # the true gradient is tiny.
     diag = jnp.eye(n_slots, dtype=bool).reshape((1,) * (rankings.ndim - 1) + (n_slots, n_slots))
-    per_slot = th[..., None, :] * (ranked_rel[..., :, None] - expected[..., None, :]) - jnp.where(diag, 0.0, after[..., None, :])
+    per_slot = th[..., None, :] * (ranked_rel[..., :, None] - expected[..., None, :]) - jnp.where(
+        diag, 0.0, after[..., None, :]
+    )
     on_ranked = prob * jnp.sum(gain * per_slot, axis=-1) - jnp.expm1(log_prob) * after  # [N, .., K]
     on_ranked = jnp.where(prob > 0.0, on_ranked, 0.0)
     # Never-placed items (r = K - 1): the per-slot sums A and B serve them all.
@@ -314,7 +321,9 @@ def _marginalize_all_bwd(baseline, residuals, g):
     per_item = _at_ranked(per_item, rankings).add(on_ranked.reshape(-1, n_slots)).reshape(per_item.shape)
     d_logits = g[..., None] * pl.mean_samples(per_item)
     # position_weight: the surrogate's sum_d (rho_d - b) (pi + pi log pi(y_{1:k-1})) per slot
-    d_theta = jnp.sum(g[None, ..., None] * advantage * (1.0 + before), axis=tuple(range(advantage.ndim - 1))) / n_samples
+    d_theta = (
+        jnp.sum(g[None, ..., None] * advantage * (1.0 + before), axis=tuple(range(advantage.ndim - 1))) / n_samples
+    )
     return d_logits, jnp.zeros_like(rel), d_theta, None, None
 
 
@@ -400,7 +409,13 @@ def _plrank3(logits, relevance, position_weight, rankings, valid):
 
 
 def _plrank3_fwd(logits, relevance, position_weight, rankings, valid):
-    return _plrank3(logits, relevance, position_weight, rankings, valid), (logits, relevance, position_weight, rankings, valid)
+    return _plrank3(logits, relevance, position_weight, rankings, valid), (
+        logits,
+        relevance,
+        position_weight,
+        rankings,
+        valid,
+    )
 
 
 def _plrank3_bwd(res, cotangent):

@@ -190,7 +190,9 @@ def _pb_bwd(n_slots, residuals, g):
         for j in reversed(range(stay.shape[0])):
             before = states[j]
             d_stay.append(sum(adj[k] * before[k] for k in range(n_slots)))
-            d_done.append(sum(adj[k] * before[k - 1] for k in range(1, n_slots)) if n_slots > 1 else jnp.zeros_like(stay[j]))
+            d_done.append(
+                sum(adj[k] * before[k - 1] for k in range(1, n_slots)) if n_slots > 1 else jnp.zeros_like(stay[j])
+            )
             adj = [adj[k] * stay[j] + (adj[k + 1] * done[j] if k + 1 < n_slots else 0.0) for k in range(n_slots)]
         return jnp.stack(d_stay[::-1]), jnp.stack(d_done[::-1])
 
@@ -206,9 +208,7 @@ def _pb_bwd(n_slots, residuals, g):
 _truncated_poisson_binomial.defvjp(_pb_fwd, _pb_bwd)
 
 
-def _race_rank_probs(
-    log_ratio: jax.Array, other_valid: jax.Array, n_slots: int
-) -> jax.Array:
+def _race_rank_probs(log_ratio: jax.Array, other_valid: jax.Array, n_slots: int) -> jax.Array:
     """``P(rank(d) = k)`` for one item ``d`` from the exponential race.
 
     With ``v = w_d t``: ``P(rank(d)=k) = int_0^inf e^{-v} PB_{k-1}({1 - e^{-r_j v}}) dv``,
@@ -319,8 +319,10 @@ def _slot_marginal_branches(logits, valid, rankings):
     outside = _outside_ranking(logits, valid, rankings)
     top = _top_outside(outside, rankings.shape[-1])
     tier = _shared_grid_tier(logits, valid, rankings, top)
-    branches = [functools.partial(_shared_grid_slot_marginals, valid=valid, rankings=rankings, n_nodes=q)
-                for q in _SHARED_GRID_NODES]
+    branches = [
+        functools.partial(_shared_grid_slot_marginals, valid=valid, rankings=rankings, n_nodes=q)
+        for q in _SHARED_GRID_NODES
+    ]
     return tier, top, branches + [lambda s: _per_item_slot_marginals(s, valid, rankings)]
 
 
@@ -379,16 +381,16 @@ _LOG_30 = math.log(30.0)  # L e^-30 bounds what lies beyond the L-th other item'
 _DROPPED_NODE_MASS = 1e-8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _recursed_items(n_slots: int) -> int:
     """``K``: items in the recursion, so that ``L C(K, L-1) 2^-K <= 1e-8``."""
     k = max(n_slots, 1)
-    while n_slots * math.comb(k, n_slots - 1) * 2.0 ** -k > _DROPPED_NODE_MASS:
+    while n_slots * math.comb(k, n_slots - 1) * 2.0**-k > _DROPPED_NODE_MASS:
         k += 1
     return k
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _power_series(n_slots: int) -> np.ndarray:
     """``A[r - 1, n - 1]``: the coefficient of ``y^n`` in ``(e^y - 1)^r``, ``r < L``, with
     enough terms for a relative error below ``1e-9`` at ``y = ln 2``: ``[L - 1, N]``."""
@@ -414,7 +416,9 @@ def _ranked_logits(logits, valid, rankings):
 
 def _outside_ranking(logits, valid, rankings):
     """Logits of the valid items outside the ranking (``-inf`` elsewhere): ``[n, D]``."""
-    in_ranking = jnp.any(rankings[:, :, None] == jnp.arange(logits.shape[-1], dtype=rankings.dtype)[None, None, :], axis=1)
+    in_ranking = jnp.any(
+        rankings[:, :, None] == jnp.arange(logits.shape[-1], dtype=rankings.dtype)[None, None, :], axis=1
+    )
     return jnp.where(jnp.logical_and(valid, jnp.logical_not(in_ranking)), logits, -jnp.inf)
 
 
@@ -483,11 +487,15 @@ def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
             series = jnp.asarray(_power_series(n_slots))  # [L-1, N]
             powers = jnp.arange(1, series.shape[1] + 1, dtype=jnp.float32)
             moments = jnp.sum(jnp.exp(below[:, :, None] * powers[None, None, :]), axis=1) + ties  # [n, N]
-            power_sums = jnp.einsum("rqn,rn,kn->rqk", jnp.exp(log_tp[:, :, None] * powers[None, None, :]), moments, series)
+            power_sums = jnp.einsum(
+                "rqn,rn,kn->rqk", jnp.exp(log_tp[:, :, None] * powers[None, None, :]), moments, series
+            )
             elementary = [jnp.ones((n, n_nodes), jnp.float32)]  # e_k of the x_j (Newton's identities)
             for j in range(1, n_slots):
-                elementary.append(sum((1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r]
-                                      for r in range(1, j + 1)) / j)
+                elementary.append(
+                    sum((1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r] for r in range(1, j + 1))
+                    / j
+                )
             table = [p0 * e for e in elementary]
         else:
             table = [p0]
@@ -503,7 +511,9 @@ def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
     table, _ = jax.lax.scan(add_items, jnp.stack(table), scale.T)
     table = jax.lax.optimization_barrier(jnp.where(kept[None], table, 0.0))
 
-    rate = jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node[None, None, :]  # [n, L, Q]
+    rate = (
+        jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node[None, None, :]
+    )  # [n, L, Q]
     stay, done = jax.lax.optimization_barrier((jnp.exp(-rate), -jnp.expm1(-rate)))
     prefix = [list(table)]  # prefix[l]: the table times the ranked items before slot l
     for j in range(n_slots - 1):
@@ -640,7 +650,9 @@ def insertion_slot_marginals(
     if baseline == "auto":
         baseline = "logged" if n_samples == 1 else "leave-one-out"
     if n_samples < (2 if baseline == "leave-one-out" else 1):
-        raise ValueError(f"n_samples must be >= {2 if baseline == 'leave-one-out' else 1} with baseline={baseline!r}, got {n_samples}")
+        raise ValueError(
+            f"n_samples must be >= {2 if baseline == 'leave-one-out' else 1} with baseline={baseline!r}, got {n_samples}"
+        )
     sg = jax.lax.stop_gradient
     neg = -jnp.inf
     logits = logits.astype(jnp.float32)
@@ -656,7 +668,9 @@ def insertion_slot_marginals(
     sampled_valid = jnp.take_along_axis(jnp.broadcast_to(valid, shape), samples, axis=-1)
     s_y = jnp.where(sampled_valid, jnp.take_along_axis(many, samples, axis=-1), 0.0)
     # The sample's slot factors log(w_{y_j} / Z_j) and its outside weight log Z_L.
-    lp_y, log_out = slot_log_probs_and_rest(many, samples, where=None if where is None else jnp.broadcast_to(where, shape))
+    lp_y, log_out = slot_log_probs_and_rest(
+        many, samples, where=None if where is None else jnp.broadcast_to(where, shape)
+    )
     a_valid = jnp.take_along_axis(valid, rankings, axis=-1)
     s_a = jnp.where(a_valid, jnp.take_along_axis(logits, rankings, axis=-1), 0.0)  # [.., L(l)]
     # From here on the rows are the last axis ([N, L(l), L(j), rows]): XLA on CPU vectorises
@@ -689,7 +703,9 @@ def insertion_slot_marginals(
     skip = jnp.where(ok, jnp.where(before, log_e, -softplus), neg)  # log(1 - pi'_j)
     chosen = jnp.where(ok, jnp.where(before, q_here, q_next - softplus), 0.0)  # log pi'_j
     earlier = j_axis < l_axis  # [1, L(l), L(j), 1]: j < l
-    log_place = jnp.sum(jnp.where(earlier, skip, 0.0), axis=2) + jnp.sum(jnp.where(j_axis == l_axis, chosen, 0.0), axis=2)
+    log_place = jnp.sum(jnp.where(earlier, skip, 0.0), axis=2) + jnp.sum(
+        jnp.where(j_axis == l_axis, chosen, 0.0), axis=2
+    )
     # log pi_{-a}(y'_{1:l-1}) = sum_{j<l} log(w_{y'_j} / Z'_j): before p, the sample's factor over
     # (1 - pi'_j); after, the next slot's factor.
     lp_next = jnp.concatenate([lp_y[:, 1:], jnp.zeros_like(lp_y[:, :1])], axis=1)
@@ -722,8 +738,15 @@ def slot_marginal_cost(n_items: int, n_slots: int, method: str, n_samples: int =
     return 3.0 * _SHARED_GRID_NODES[0] * (k * (2 * n_slots + 16) + 3 * n_slots * n_slots) + 60.0 * n_items
 
 
-def slot_marginal_method(n_items: int, n_slots: int, n_samples: int = 8, method: str = "auto", *,
-                         max_exact_cost: float = 1e5, exact_preference: float = 4.0) -> str:
+def slot_marginal_method(
+    n_items: int,
+    n_slots: int,
+    n_samples: int = 8,
+    method: str = "auto",
+    *,
+    max_exact_cost: float = 1e5,
+    exact_preference: float = 4.0,
+) -> str:
     """``"exact"`` or ``"sampled"``: what to use for the logged items' own-slot marginals.
 
     ``"auto"`` keeps the exact quadrature (no sampling noise) while its cost per row
@@ -742,9 +765,7 @@ def slot_marginal_method(n_items: int, n_slots: int, n_samples: int = 8, method:
 
 
 @functools.partial(jax.jit, static_argnames=("n_slots",))
-def exact_position_marginals(
-    logits: jax.Array, n_slots: int, *, where: jax.Array | None = None
-) -> jax.Array:
+def exact_position_marginals(logits: jax.Array, n_slots: int, *, where: jax.Array | None = None) -> jax.Array:
     """Exact ``P(a_l = d)`` for every slot and item (exponential-race quadrature).
 
     Args:
@@ -803,9 +824,7 @@ def position_marginals(
         cost = rows * QUADRATURE_NODES * n_items * n_items * n_slots
         method = "exact" if cost <= max_exact_cost else "estimate"
     if method == "exact":
-        return PositionMarginals(
-            exact_position_marginals(logits, n_slots, where=where), "exact-quadrature", 0
-        )
+        return PositionMarginals(exact_position_marginals(logits, n_slots, where=where), "exact-quadrature", 0)
     if key is None:
         raise ValueError("key is required to estimate position marginals")
     probs = estimate_position_marginals(key, logits, n_slots, n_samples, where=where)

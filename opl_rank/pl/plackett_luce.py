@@ -24,8 +24,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from opl_rank import tuning
 import numpy as np
+
+from opl_rank import tuning
 
 __all__ = [
     "valid_items",
@@ -84,8 +85,6 @@ def _safe_logaddexp(a: jax.Array, b: jax.Array) -> jax.Array:
     s = jnp.exp(a - m_safe) + jnp.exp(b - m_safe)
     pos = s > 0
     return jnp.where(pos, jnp.log(jnp.where(pos, s, 1.0)) + m_safe, _NEG_INF)
-
-
 
 
 def cumsum_slots(x: jax.Array) -> jax.Array:
@@ -205,9 +204,7 @@ def sample_rankings(
 # Probabilities of given rankings
 # ----------------------------------------------------------------------------------------
 @jax.jit
-def slot_log_probs(
-    logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def slot_log_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Per-slot log PL factors ``log pi(a_l | a_{1:l-1}) = s_{a_l} - log Z_l``.
 
     ``log Z_l - s_{a_l} = log( sum_{m >= l} e^{s_{a_m} - s_{a_l}}
@@ -262,9 +259,7 @@ def slot_log_probs_and_rest(
     return slot_lp, jnp.where(has_rest[..., 0], rest_max_safe[..., 0] + rest_log_sum[..., 0], _NEG_INF)
 
 
-def prefix_log_probs(
-    logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def prefix_log_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Prefix log-probabilities ``log pi(a_{1:l} | x)`` for every ``l``.
 
     Args:
@@ -286,9 +281,7 @@ def prefix_log_probs(
 
 
 @jax.jit
-def placement_log_probs(
-    logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def placement_log_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """Placement log-probabilities ``log pi(d | a_{1:l-1})`` for every slot and item.
 
     Formed as ``(s_d - s_{a_l}) + log pi(a_l | a_{1:l-1})``: logit differences plus the
@@ -353,15 +346,11 @@ def all_rankings(n_items: int, n_slots: int) -> np.ndarray:
             f"(limit {_MAX_ENUMERATION}); use the exact quadrature or the estimator"
         )
     perms = itertools.permutations(range(n_items), n_slots)
-    return np.fromiter(itertools.chain.from_iterable(perms), np.int32, count * n_slots).reshape(
-        count, n_slots
-    )
+    return np.fromiter(itertools.chain.from_iterable(perms), np.int32, count * n_slots).reshape(count, n_slots)
 
 
 @jax.jit
-def enumerate_ranking_probs(
-    logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
-) -> jax.Array:
+def enumerate_ranking_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
     """PL probability of each enumerated ranking.
 
     Args:
@@ -379,9 +368,7 @@ def enumerate_ranking_probs(
     return jnp.exp(prefix_log_probs(expanded, ranks, where=mask)[..., -1])
 
 
-def enumerate_position_marginals(
-    logits: jax.Array, n_slots: int, *, where: jax.Array | None = None
-) -> jax.Array:
+def enumerate_position_marginals(logits: jax.Array, n_slots: int, *, where: jax.Array | None = None) -> jax.Array:
     """Exact ``P(a_l = d)`` by enumerating every ranking (tiny ``D`` only): the reference
     for :func:`opl_rank.pl.marginals.exact_position_marginals`.
 

@@ -29,8 +29,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from opl_rank.pl.plackett_luce import cumsum_slots, valid_items
 from opl_rank import tuning
+from opl_rank.pl.plackett_luce import cumsum_slots, valid_items
 
 __all__ = ["sample_prefixes", "shared_slot_log_probs", "prefix_sampler"]
 
@@ -119,8 +119,10 @@ def _sort_small(keys: list, *values: list):
         for i in range(end):
             swap = keys[i] > keys[i + 1]
             for column in [keys] + values:
-                column[i], column[i + 1] = (jnp.where(swap, column[i + 1], column[i]),
-                                            jnp.where(swap, column[i], column[i + 1]))
+                column[i], column[i + 1] = (
+                    jnp.where(swap, column[i + 1], column[i]),
+                    jnp.where(swap, column[i], column[i + 1]),
+                )
     return keys, *values
 
 
@@ -138,7 +140,7 @@ def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
     if n_items >= 4 * coarse:
         # The first levels at once: count the entries of every coarse-th position at or
         # below the target (a strided slice of the row, compared without a gather).
-        grid = cumulative[..., coarse - 1::coarse]  # [.., D // coarse]
+        grid = cumulative[..., coarse - 1 :: coarse]  # [.., D // coarse]
         pos = coarse * jnp.sum(grid[None] <= target[..., None], axis=-1, dtype=jnp.int32)
         step = coarse // 2
     while step:
@@ -206,7 +208,8 @@ def sample_prefixes(
         removed_total = sum(placed_w, jnp.zeros(shape, jnp.float32))
         tail_left = jnp.maximum(tail_total[None] - removed_total, 0.0)  # [N, ..], in tail units
         masses = jnp.concatenate(
-            [jnp.where(head_left, head_mass[None], 0.0), (tail_scale[None] * tail_left)[..., None]], axis=-1)  # [N, .., K+1]
+            [jnp.where(head_left, head_mass[None], 0.0), (tail_scale[None] * tail_left)[..., None]], axis=-1
+        )  # [N, .., K+1]
         cum = cumsum_slots(masses)
         target = uniforms[..., slot, 0] * cum[..., -1]
         category = jnp.minimum(jnp.sum(cum <= target[..., None], axis=-1), n_slots)  # K: the tail

@@ -63,7 +63,11 @@ class EpsilonGreedyPolicy:
     pl_stage = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.epsilon, (int, float)) or isinstance(self.epsilon, bool) or not 0.0 <= self.epsilon <= 1.0:
+        if (
+            not isinstance(self.epsilon, (int, float))
+            or isinstance(self.epsilon, bool)
+            or not 0.0 <= self.epsilon <= 1.0
+        ):
             raise ValueError(f"epsilon must be a number in [0, 1], got {self.epsilon!r}")
         if not isinstance(self.n_items, int) or self.n_items < 1:
             raise ValueError(f"n_items must be a positive int, got {self.n_items!r}")
@@ -94,8 +98,10 @@ class EpsilonGreedyPolicy:
         match = jnp.cumprod(rankings == self.greedy(context, where=where), axis=-1) > 0  # [n, L]
         n_slots = rankings.shape[-1]
         # log D!/(D-l)! of the row's D candidates: sum_{j<l} log(D - j)
-        log_perm = jnp.cumsum(jnp.log(self._n_candidates(context, where)[:, None] - jnp.arange(n_slots, dtype=jnp.float32)[None, :]),
-                              axis=-1)
+        log_perm = jnp.cumsum(
+            jnp.log(self._n_candidates(context, where)[:, None] - jnp.arange(n_slots, dtype=jnp.float32)[None, :]),
+            axis=-1,
+        )
         greedy_part = jnp.where(match, _log(1.0 - self.epsilon), -jnp.inf)
         return jnp.logaddexp(greedy_part, _log(self.epsilon) - log_perm).astype(jnp.float32)
 
@@ -108,7 +114,9 @@ class EpsilonGreedyPolicy:
     def log_prob(self, context: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         return self._log_prefix(context, rankings, where)[:, -1]
 
-    def propensities(self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False) -> Propensities:
+    def propensities(
+        self, data: LoggedData, key: jax.Array | None = None, *, slot_marginals: bool = False
+    ) -> Propensities:
         """Exact prefix probabilities ``[n, L]`` and, on request, position marginals ``[n, L]``
         of the logged rankings (``key`` unused)."""
         log_prefix = self._log_prefix(data.context, data.ranking, data.item_mask)
@@ -131,8 +139,9 @@ class EpsilonGreedyPolicy:
         return cls(base, float(spec["epsilon"]), int(spec["n_items"]))
 
 
-def fit_epsilon_greedy(data: LoggedData, key: jax.Array, config: learners.LearnerConfig, *,
-                       on_epoch: Any = None) -> EpsilonGreedyPolicy:
+def fit_epsilon_greedy(
+    data: LoggedData, key: jax.Array, config: learners.LearnerConfig, *, on_epoch: Any = None
+) -> EpsilonGreedyPolicy:
     """The ``"eps-greedy"`` learner: the config's regression policy (f_hat of
     ``config.reward_model``), exploring with probability :data:`EPSILON`."""
     base = learners.fit(data, key, dataclasses.replace(config, method="regression"), on_epoch=on_epoch)

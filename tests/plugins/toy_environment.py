@@ -45,15 +45,27 @@ class ToyEnvironment:
 
     def sample_logged_data(self, key, n, *, position_marginals="none"):
         arrays = rollout_logging_policy(
-            key, n, sample_contexts=self._contexts, logging_logits=lambda x: jnp.zeros((x.shape[0], self.n_items)),
-            reward_model=self.reward_model, n_items=self.n_items, n_slots=self.ranking_length,
+            key,
+            n,
+            sample_contexts=self._contexts,
+            logging_logits=lambda x: jnp.zeros((x.shape[0], self.n_items)),
+            reward_model=self.reward_model,
+            n_items=self.n_items,
+            n_slots=self.ranking_length,
             position_marginals=position_marginals,
         )
         return LoggedData(position_weight=self.position_weight, n_items=self.n_items, **arrays)
 
     def policy_value(self, policy, key, n_contexts=100_000):
-        return evaluate_policy(policy, key, n_contexts, sample_contexts=self._contexts, reward_model=self.reward_model,
-                               position_weight=self.position_weight, n_items=self.n_items)
+        return evaluate_policy(
+            policy,
+            key,
+            n_contexts,
+            sample_contexts=self._contexts,
+            reward_model=self.reward_model,
+            position_weight=self.position_weight,
+            n_items=self.n_items,
+        )
 
     def logging_policy_value(self, key, n_contexts=100_000):
         from opl_rank.pl import plackett_luce as pl
@@ -71,5 +83,6 @@ def create(key, *, n_items, ranking_length, logging_policy, config, score_scale)
     return ToyEnvironment(ToyRewards(score), n_items, ranking_length, jnp.ones(ranking_length, jnp.float32))
 
 
-environments.register("toy", environments.EnvironmentSpec(create, logging_policies=("uniform",),
-                                                          options={"score_scale": 1.0}))
+environments.register(
+    "toy", environments.EnvironmentSpec(create, logging_policies=("uniform",), options={"score_scale": 1.0})
+)
