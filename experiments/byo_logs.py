@@ -89,7 +89,7 @@ def _finite(value: Any) -> Any:
 
 def run_fit(*, progress: bool = False, **options: Any) -> dict[str, Any]:
     """Learn a policy from the logs in ``data`` and save it to the directory ``out``
-    (keywords: :func:`_fit`'s). ``progress``: a bar over the steps on stderr."""
+    (keywords: ``_fit``'s). ``progress``: a bar over the steps on stderr."""
     from experiments.progress import Steps, bar
 
     method, k = options.get("method", "rpod"), options.get("k")

@@ -467,6 +467,10 @@ def _simulate_registered(args: argparse.Namespace) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(OPLSweep)}
     options = {k: v for k, v in values.items() if k in spec.options}
     config_values = {k: v for k, v in values.items() if k not in spec.options}
+    if config_values.get("letor_path"):  # a file, or dataset:NAME (a shipped sample)
+        from experiments.config import resolve_path
+
+        config_values["letor_path"] = os.path.abspath(resolve_path(str(config_values["letor_path"]), None))
     unknown = sorted(set(config_values) - fields)
     if unknown:
         raise ValueError(

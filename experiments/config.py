@@ -115,7 +115,7 @@ def resolve_path(path: str, config_path: str | None) -> str:
     a file (a directory is a ``ValueError``, not a traceback later in the reader).
 
     ``dataset:NAME`` (e.g. ``dataset:yahoo_sample``) names a data set shipped with the
-    package instead: the result is :func:`simulators.datasets.path` of NAME, absolute, so it
+    package instead: the result is [`simulators.datasets.path`][simulators.datasets.path] of NAME, absolute, so it
     does not depend on the working directory or the config's location. An unknown NAME is a
     ``ValueError`` that lists the known ones.
     """

@@ -21,7 +21,7 @@ __all__ = ["LTRExperiment", "run_ltr"]
 @dataclasses.dataclass(frozen=True)
 class LTRExperiment:
     """An ``ltr`` config: data, split and output; the training keys (every
-    :class:`~opl_rank.ltr.training.LTRConfig` field) sit beside them, flat, in the YAML."""
+    [`LTRConfig`][opl_rank.ltr.training.LTRConfig] field) sit beside them, flat, in the YAML."""
 
     data: str
     normalize: str | None = "minmax"
@@ -42,7 +42,7 @@ class LTRExperiment:
 
 def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperiment:
     """Read the YAML, apply ``--set`` overrides, split the keys between the experiment and
-    :class:`LTRConfig`, and validate both (unknown keys are errors)."""
+    [`LTRConfig`][LTRConfig], and validate both (unknown keys are errors)."""
     values = load_yaml(config_path)
     values.update(overrides)
     experiment = build_with_training(LTRExperiment, LTRConfig, values, source=config_path)

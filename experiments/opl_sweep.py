@@ -2,13 +2,13 @@
 
 This module runs a sweep; the pieces live one idea per module:
 
-* :mod:`experiments.sweep_config`: the :class:`OPLSweep` config, its grid (:func:`cells`)
-  and the rows of each cell (:func:`method_rows`);
-* :mod:`experiments.sweep_cell`: the maths, cells in and rows out (:func:`run_group`);
-* :mod:`experiments.resume`: the locked output folder, its ``config.yaml``, and cell files
+* [`experiments.sweep_config`][experiments.sweep_config]: the [`OPLSweep`][OPLSweep] config, its grid ([`cells`][cells])
+  and the rows of each cell ([`method_rows`][method_rows]);
+* [`experiments.sweep_cell`][experiments.sweep_cell]: the maths, cells in and rows out ([`run_group`][run_group]);
+* [`experiments.resume`][experiments.resume]: the locked output folder, its ``config.yaml``, and cell files
   stamped with the config's hash;
-* :mod:`experiments.tables`: ``results.csv`` / ``results.parquet``;
-* :mod:`experiments.executors`: where jobs run (serial, processes, Ray).
+* [`experiments.tables`][experiments.tables]: ``results.csv`` / ``results.parquet``;
+* [`experiments.executors`][experiments.executors]: where jobs run (serial, processes, Ray).
 
 Cells that differ only in their seed share shapes and run as one group (vmapped over seeds
 with ``vmap_seeds``). Each finished cell is written atomically as ``cells/<cell>.json``; a
@@ -128,7 +128,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
-    Jobs run on ``backend`` (see :mod:`experiments.executors`); keys come from each cell's
+    Jobs run on ``backend`` (see [`experiments.executors`][experiments.executors]); keys come from each cell's
     seed, so the table does not depend on the backend or the order cells finish in.
     ``vmap_seeds="auto"`` is resolved here, once, from this process's JAX backend (vmapped
     on GPU/TPU; on CPU one seed at a time, which measured faster on 2 cores), and the
@@ -138,7 +138,7 @@ def run_sweep(
     sweep stops before any work (``ValueError`` naming the differing keys), unless
     ``new_config``: then it runs in ``output_dir/config-<hash8>/``.
 
-    ``progress``: bars on stderr (:mod:`experiments.progress`): one over the cells and, with
+    ``progress``: bars on stderr ([`experiments.progress`][experiments.progress]): one over the cells and, with
     the serial backend, one over the steps of the running cell (ground truth, data, each fit).
 
     Cells written by another opl_rank version (each cell file records it) are not reused:

@@ -18,8 +18,8 @@ excluded. Training stops early on the same loss computed on the click logs of he
 training queries (``valid_fraction``; the paper's point that validation must be debiased
 too), keeping the best epoch. Each (seed, browsing, truncation) is written atomically to ``cells/``,
 stamped with the config's hash; a rerun of the same config reuses finished ones (see
-:mod:`experiments.resume`). ``results.csv`` (and ``results.parquet``, via
-:mod:`experiments.tables`) and ``report.md`` (mean ± SE over seeds) follow.
+[`experiments.resume`][experiments.resume]). ``results.csv`` (and ``results.parquet``, via
+[`experiments.tables`][experiments.tables]) and ``report.md`` (mean ± SE over seeds) follow.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ METRICS = ("ndcg@1", "ndcg@3", "ndcg@5", "ndcg@10", "map")
 
 @dataclasses.dataclass(frozen=True)
 class PairwiseExperiment:
-    """A ``pairwise`` config; the training keys (:class:`PairwiseTrainConfig`) sit beside these."""
+    """A ``pairwise`` config; the training keys ([`PairwiseTrainConfig`][PairwiseTrainConfig]) sit beside these."""
 
     data: str
     n_features: int | None = None
@@ -118,7 +118,7 @@ def cell_name(cell: dict[str, Any]) -> str:
 
 
 def check_rows(experiment: PairwiseExperiment, cell: dict[str, Any], rows: Any) -> str | None:
-    """None when ``rows`` are what :func:`_run_cell` writes for ``cell``; else the problem."""
+    """None when ``rows`` are what [`_run_cell`][_run_cell] writes for ``cell``; else the problem."""
     expected = ["logging_ranker", *experiment.variants]
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return "rows are not a list of objects"
@@ -251,11 +251,11 @@ def run_pairwise(
     """Run (or resume) every (seed, browsing, truncation); write cells, results.csv
     (and results.parquet), report.md and config.yaml.
 
-    The output folder is locked and checked like a sweep's (:func:`experiments.resume.open_run_folder`):
+    The output folder is locked and checked like a sweep's ([`experiments.resume.open_run_folder`][experiments.resume.open_run_folder]):
     another config there is an error naming the differing keys, unless ``new_config``; cell
     files of this config are reused, bad ones named and recomputed.
 
-    ``progress``: bars on stderr (:mod:`experiments.progress`) over the cells and over each
+    ``progress``: bars on stderr ([`experiments.progress`][experiments.progress]) over the cells and over each
     cell's steps (clicks, then every variant's training, epoch by epoch).
     """
     from experiments.progress import bar

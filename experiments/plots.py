@@ -7,10 +7,10 @@
   gain_vs_lambda.png  normalised gain against lambda, one panel per (D, n), a line per method
 
 Settings are never pooled: every setting axis beyond the grid that takes more than one
-value in the table (:func:`experiments.report.varying_axes`: ``tau``, ``simulator``, extra
+value in the table ([`experiments.report.varying_axes`][experiments.report.varying_axes]: ``tau``, ``simulator``, extra
 sweep axes such as ``interaction_scale``) splits the panels further, and the panel title
 names it (``R-POD, D=10, f_hat additive, tau=0.5``); so does L in the method plots when it
-varies. :func:`plot_series` returns what each figure draws (panels, lines, points), without
+varies. [`plot_series`][plot_series] returns what each figure draws (panels, lines, points), without
 matplotlib.
 
 Points are means over seeds, bars one standard error. R-POD's per-k rows are summarised
@@ -171,7 +171,7 @@ def _method_series(
 
 
 def plot_series(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """What :func:`write_plots` draws, without drawing it: ``{file name: [panel, ...]}``.
+    """What [`write_plots`][write_plots] draws, without drawing it: ``{file name: [panel, ...]}``.
 
     A panel is ``{"title", "xlabel", "ylabel", "lines"}`` (R-POD panels add ``"xticks"``,
     the k values); a line is ``{"label", "x", "mean", "se", "seeds"}`` (R-POD lines add
@@ -239,7 +239,7 @@ def _draw_method_lines(panels: list[dict[str, Any]], out: str, show: bool) -> st
 
 
 def write_plots(rows: list[dict[str, Any]], out_dir: str, *, show: bool = False) -> list[str]:
-    """Write the standard PNGs for ``rows`` (from :func:`experiments.report.load_rows` or a
+    """Write the standard PNGs for ``rows`` (from [`experiments.report.load_rows`][experiments.report.load_rows] or a
     sweep) into ``out_dir``; returns their paths.
 
     ``show=True`` (notebooks) also leaves the figures open in pyplot, so Jupyter's inline

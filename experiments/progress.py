@@ -6,7 +6,7 @@ lines and errors are still printed). Library functions take ``progress=False`` b
 
 On a terminal a bar redraws in place at least once a second, so its elapsed time moves even
 while one long step (a compilation, a ground truth) runs. Elsewhere (CI logs, a file) a bar
-prints one plain line at most every :data:`LOG_INTERVAL` seconds, and also when nothing moved
+prints one plain line at most every [`LOG_INTERVAL`][LOG_INTERVAL] seconds, and also when nothing moved
 for that long: no job is silent for longer than that.
 """
 
@@ -99,7 +99,7 @@ def bar(
 
     Use it as a context manager (``with bar(...) as b: b.update()``); ``b.set_postfix_str``
     names the current step. On a terminal it redraws in place; elsewhere it writes a line at
-    most every :data:`LOG_INTERVAL` seconds (and when nothing moved for that long).
+    most every [`LOG_INTERVAL`][LOG_INTERVAL] seconds (and when nothing moved for that long).
     """
     if not enabled:
         return tqdm(total=total, disable=True)
@@ -144,7 +144,7 @@ class Steps:
         self.bar.set_postfix_str(f"{self.label}: {text}", refresh=False)
 
     def epochs(self, totals: dict[str, int]) -> Callable[[str, int, dict[str, float]], None] | None:
-        """An ``on_epoch`` for :func:`opl_rank.opl.learners.fit`: shows ``policy epoch 3/30``
+        """An ``on_epoch`` for [`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]: shows ``policy epoch 3/30``
         (``totals``: epochs per part, ``{"reward": 60, "policy": 30}``); None when the bar
         is off (no host callbacks at all)."""
         if self.bar.disable:
@@ -170,7 +170,7 @@ def write(line: str, stream: TextIO | None = None) -> None:
 
 
 def echo_to(stream: TextIO | None = None) -> Callable[[str], None]:
-    """An ``echo`` for the experiments' runners that prints through :func:`write`."""
+    """An ``echo`` for the experiments' runners that prints through [`write`][write]."""
     return lambda line: write(line, sys.stdout if stream is None else stream)
 
 

@@ -6,12 +6,12 @@ with one row per method (R-POD per k and reward model) and one column per n, the
 winner of every setting and n with its paired margin over the runner-up and over the best
 regression, and how the k-selection methods did against the true best k.
 
-A *setting* is every column of the table that is not an outcome (:data:`OUTCOME_COLUMNS`):
+A *setting* is every column of the table that is not an outcome ([`OUTCOME_COLUMNS`][OUTCOME_COLUMNS]):
 ``simulator, logging_policy, lambda, n, D, L, tau`` and any further sweep axis the table
 carries (``interaction_scale``, ``sigma``, ... -- names are free), see
-:func:`setting_columns`. Rows of different settings are never pooled: seeds are averaged
+[`setting_columns`][setting_columns]. Rows of different settings are never pooled: seeds are averaged
 within one setting only. Titles and tables name D, L, lambda (and n) always and every other
-axis that takes more than one value in the table (:func:`varying_axes`), so a report of a
+axis that takes more than one value in the table ([`varying_axes`][varying_axes]), so a report of a
 sweep over (D, L, lambda, n) alone reads as it always did. Plain Python: usable from a
 notebook without pandas.
 """
@@ -171,7 +171,7 @@ def load_rows(path: str) -> list[dict[str, Any]]:
 
 def setting_columns(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
     """The columns that make a row's setting: every column of ``rows`` that is not in
-    :data:`OUTCOME_COLUMNS`, in the table's column order (first seen first), e.g.
+    [`OUTCOME_COLUMNS`][OUTCOME_COLUMNS], in the table's column order (first seen first), e.g.
     ``("simulator", "logging_policy", "lambda", "n", "D", "L", "tau", "interaction_scale")``.
 
     Rows that agree on all of them (and on the method label) are seeds of one cell; rows
@@ -246,7 +246,7 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
 
 
 class GainTable(dict):
-    """:func:`gain_table`'s dict. Its keys are ``(D, L, lambda, n, label, axes)``; a
+    """[`gain_table`][gain_table]'s dict. Its keys are ``(D, L, lambda, n, label, axes)``; a
     5-tuple ``(D, L, lambda, n, label)`` (the key before axes beyond the grid were kept)
     also indexes it (``table[...]`` only, not ``in`` or ``get``) when it names exactly one
     setting; a KeyError says which axes tell several apart."""
@@ -277,9 +277,9 @@ def gain_table(rows: Iterable[dict[str, Any]], value: str = "normalized_gain") -
     one entry per setting and method label, over that setting's seeds.
 
     ``axes`` is a tuple of ``(name, value)`` pairs for every other setting column of
-    ``rows`` (:func:`setting_columns`: ``simulator``, ``logging_policy``, ``tau``, extra sweep
+    ``rows`` ([`setting_columns`][setting_columns]: ``simulator``, ``logging_policy``, ``tau``, extra sweep
     axes...), in column order, so ``key[:5]`` reads as it always did and rows of different
-    settings (e.g. two taus) are never pooled. The returned :class:`GainTable` also takes the
+    settings (e.g. two taus) are never pooled. The returned [`GainTable`][GainTable] also takes the
     old 5-tuple key where it is unambiguous.
 
     R-POD rows at k = 0 and k = L are kept (they equal regression and DR by construction).
@@ -346,7 +346,7 @@ def winners(table: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
 def k_selection(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """How each k-selection method did against the true best k, per setting and f_hat.
 
-    For every setting (all of :func:`setting_columns`: D, L, lambda, n, tau, extra axes...),
+    For every setting (all of [`setting_columns`][setting_columns]: D, L, lambda, n, tau, extra axes...),
     reward model and seed the true best k is the argmax over that setting's ``rpod`` rows'
     ground-truth values (ties to the smaller k). Returns one record per (setting, reward
     model, selector) with ``hit`` (share of seeds where the chosen k is the true best),
@@ -416,7 +416,7 @@ def markdown_report(rows: list[dict[str, Any]]) -> str:
     """Gain tables per setting (one per D, L, lambda and every other varying axis; n is the
     columns), the winners list and the k-selection table, as markdown.
 
-    Axes beyond (D, L, lambda, n) that take more than one value (:func:`varying_axes`:
+    Axes beyond (D, L, lambda, n) that take more than one value ([`varying_axes`][varying_axes]:
     ``tau``, ``simulator``, extra sweep axes...) appear in the table titles as
     ``name=value`` and as columns of the winners and k-selection tables."""
     rows = list(rows)

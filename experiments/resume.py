@@ -8,8 +8,8 @@ An experiment writes each finished cell as ``cells/<name>.json``::
 not the output folder or how the run is executed; a key set to None counts as absent). On resume a cell is reused only when
 its file parses, its hash is the run's, and its rows pass the experiment's check (columns,
 row count, the cell they belong to); any other file is named, with the reason, and
-recomputed. A cell written by another opl_rank version raises :class:`StaleCell`: the
-experiment decides (the OPL sweep refuses to resume unless told to recompute). :func:`open_run_folder` locks the folder and refuses a config that differs
+recomputed. A cell written by another opl_rank version raises [`StaleCell`][StaleCell]: the
+experiment decides (the OPL sweep refuses to resume unless told to recompute). [`open_run_folder`][open_run_folder] locks the folder and refuses a config that differs
 from the folder's ``config.yaml`` (naming the keys), or, with ``new_config``, moves to a
 fresh ``config-<hash8>/`` subfolder.
 """
@@ -106,8 +106,8 @@ def read_cell(
     check_rows: Callable[[Any], str | None],
     any_version: bool = False,
 ) -> list[dict[str, Any]]:
-    """The rows of a cell file, or :class:`BadCell` saying why they cannot be reused
-    (:class:`StaleCell` for another opl_rank version's file, unless ``any_version``)."""
+    """The rows of a cell file, or [`BadCell`][BadCell] saying why they cannot be reused
+    ([`StaleCell`][StaleCell] for another opl_rank version's file, unless ``any_version``)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

@@ -2,14 +2,14 @@
 
 A cell is one (D, L, tau, lambda, n, seed, *axes): one environment, one logged data set, every
 method fitted on it, and the ground truth -- V(pi), V(pi_0), V* -- on one shared set of
-evaluation contexts (paired comparisons). :func:`run_group` takes cells that differ only
+evaluation contexts (paired comparisons). [`run_group`][run_group] takes cells that differ only
 in their seed: every method is fitted on all of their data sets at once, vmapped over
 seeds, when ``vmap_seeds`` is on. Keys come from each cell's seed, never from the order
 cells run in.
 
 Rows for R-POD at k = 0 and k = L reuse the regression and DR fits of the same cell: they
 are the same estimators (k = 0 is regression, k = L is DR), fitted with the same key.
-:func:`check_rows` says whether a list of rows is what :func:`run_group` writes for a cell.
+[`check_rows`][check_rows] says whether a list of rows is what [`run_group`][run_group] writes for a cell.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ _CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "see
 
 
 def row_columns(sweep: OPLSweep) -> tuple[str, ...]:
-    """A row's columns: :data:`ROW_COLUMNS` with one column per declared axis after ``seed``."""
+    """A row's columns: [`ROW_COLUMNS`][ROW_COLUMNS] with one column per declared axis after ``seed``."""
     at = ROW_COLUMNS.index("seed") + 1
     return ROW_COLUMNS[:at] + row_axis_columns(sweep) + ROW_COLUMNS[at:]
 
@@ -104,10 +104,10 @@ def run_group(
     on_epoch: Callable[[str, int, dict[str, float]], None] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed (so share every axis but the seed). Every method is fitted on all the
-    seeds' data sets at once (vmapped, :func:`opl_rank.opl.learners.fit_seeds`) when
-    ``sweep.vmap_seeds`` and there is more than one; a group of one uses :func:`fit`.
+    seeds' data sets at once (vmapped, [`opl_rank.opl.learners.fit_seeds`][opl_rank.opl.learners.fit_seeds]) when
+    ``sweep.vmap_seeds`` and there is more than one; a group of one uses [`fit`][opl_rank.opl.learners.fit].
 
-    ``on_step(label)`` is called as each of the :func:`group_steps` steps starts, and
+    ``on_step(label)`` is called as each of the [`group_steps`][group_steps] steps starts, and
     ``on_epoch(part, epoch, record)`` after every epoch of a fit (progress only)."""
     import jax
     import jax.numpy as jnp
@@ -243,13 +243,13 @@ def run_group(
 
 
 def group_steps(sweep: OPLSweep, n_slots: int) -> int:
-    """How many times :func:`run_group` calls ``on_step``: the ground truth, the logged data
-    and one per row of :func:`method_rows`."""
+    """How many times [`run_group`][run_group] calls ``on_step``: the ground truth, the logged data
+    and one per row of [`method_rows`][method_rows]."""
     return 2 + len(method_rows(sweep, n_slots))
 
 
 def check_rows(sweep: OPLSweep, cell: dict[str, Any], rows: Any) -> str | None:
-    """None when ``rows`` are what :func:`run_group` writes for ``cell``; else the problem."""
+    """None when ``rows`` are what [`run_group`][run_group] writes for ``cell``; else the problem."""
     expected = method_rows(sweep, cell["L"])
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return "rows are not a list of objects"

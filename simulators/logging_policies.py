@@ -4,7 +4,7 @@ A logging policy is any callable ``policy(context, item_features) -> logits`` wi
 ``context`` ``[n, dx]``, ``item_features`` ``[D, di]`` and logits ``[n, D]``; the simulator
 samples PL rankings from those logits. Built-in policies are pytrees (they pass through
 ``jit`` and a new temperature does not recompile). Wrap any other function with
-:class:`CallableLogging`, which checks what it returns.
+[`CallableLogging`][CallableLogging], which checks what it returns.
 """
 
 from __future__ import annotations

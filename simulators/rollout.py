@@ -111,7 +111,7 @@ def rollout_logging_policy(
       n: rows.
       sample_contexts: ``(key, m) -> [m, dx]``.
       logging_logits: ``[m, dx] -> [m, D]`` logging PL logits (may be non-JAX code).
-      reward_model: a :class:`GroundTruthRewards` pytree.
+      reward_model: a [`GroundTruthRewards`][GroundTruthRewards] pytree.
       n_items: ``D``.
       n_slots: ``L``.
       position_marginals: ``"none"`` or ``"exact"`` (logged ``log P_0(a_l = a_il)`` by
@@ -191,14 +191,14 @@ def evaluate_policy(
       key: PRNG key (contexts and the policy's own randomness).
       n_contexts: contexts drawn (one ranking each).
       sample_contexts: ``(key, m) -> [m, dx]``.
-      reward_model: the environment's :class:`GroundTruthRewards`.
+      reward_model: the environment's [`GroundTruthRewards`][GroundTruthRewards].
       position_weight: ``[L]`` alpha.
       n_items: ``D`` (to size chunks).
       progress: called with the number of contexts done after each chunk (see
-        :func:`rollout_logging_policy`).
+        [`rollout_logging_policy`][rollout_logging_policy]).
 
     Returns:
-      :class:`PolicyValue`.
+      [`PolicyValue`][PolicyValue].
     """
     sample = policy.sample if hasattr(policy, "sample") else policy
     if not callable(sample):

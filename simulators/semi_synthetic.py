@@ -12,9 +12,9 @@ with temperature ``tau``; or a user's callable ``(context, item_features) -> log
 Context layout (what policies see): ``[n, D*F + 1]``, the ``D`` candidates' ``F`` features
 flattened item-major, then the query's index (read only by the environment's own reward
 model and logging table). Learners score items from their features with
-``LearnerConfig(item_feature_dim=F)`` (:class:`opl_rank.scorers.ItemFeatureScorer`).
+``LearnerConfig(item_feature_dim=F)`` ([`opl_rank.scorers.ItemFeatureScorer`][opl_rank.scorers.ItemFeatureScorer]).
 
-The environment is a :class:`simulators.synthetic.SyntheticRankingEnv` in every other
+The environment is a [`simulators.synthetic.SyntheticRankingEnv`][simulators.synthetic.SyntheticRankingEnv] in every other
 respect -- logged data, ground-truth ``V(pi)``, ``V(pi_0)``, ``V*`` (exact up to 2e6
 rankings, beam search beyond) -- so every learner, OPE estimator and the sweep runner work
 on it unchanged.
@@ -128,7 +128,7 @@ class SemiSyntheticEnv(SyntheticRankingEnv):
 
         Args:
           key: PRNG key (document sampling, eta, W, the forest's query share and seed).
-          letor: queries from :func:`simulators.letor.load_letor`.
+          letor: queries from [`simulators.letor.load_letor`][simulators.letor.load_letor].
           n_items: ``D``, documents sampled per query (paper: Yahoo 10, MSLR-WEB10K 100).
           ranking_length: ``L`` (paper: Yahoo 3, MSLR-WEB10K 5).
           lam: interaction strength lambda in [0, 1].

@@ -44,7 +44,7 @@ class InteractionRewards:
     """Position rewards ``q_l = base(x, a_l) + lambda * sum_{m != l} W(a_m, a_l)`` (Eq. 14).
 
     Shared by the synthetic and the semi-synthetic reward models, which differ only in the
-    per-item base reward :meth:`item_base`. Subclasses are pytrees with the fields
+    per-item base reward [`item_base`][item_base]. Subclasses are pytrees with the fields
     ``interaction [D, D]`` (symmetric, zero diagonal), ``lam []`` and ``sigma []``.
     """
 
@@ -83,7 +83,7 @@ class InteractionRewards:
         exact by sorting: the L largest base rewards, the largest on the largest
         position weight (``"exact-sort"``, ``O(D)`` per context). Otherwise a beam search
         of width ``beam_width`` on the true q over all D items
-        (:func:`opl_rank.opl.completion.best_rankings_beam`, ``O(B D L)`` per context; a lower
+        ([`opl_rank.opl.completion.best_rankings_beam`][opl_rank.opl.completion.best_rankings_beam], ``O(B D L)`` per context; a lower
         bound on V*, reported as ``"beam"``).
 
         Args:
@@ -170,7 +170,7 @@ def symmetric_interaction(key: jax.Array, n_items: int, scale: float) -> jax.Arr
 class SyntheticRankingEnv:
     """Synthetic OPL-for-ranking environment with a logging policy.
 
-    Build with :meth:`create`. ``D`` = ``n_items``, ``L`` = ``ranking_length``.
+    Build with [`create`][create]. ``D`` = ``n_items``, ``L`` = ``ranking_length``.
 
     Examples:
       >>> import jax
@@ -291,7 +291,7 @@ class SyntheticRankingEnv:
           progress: called with the rows done after each chunk (e.g. ``tqdm(total=n).update``).
 
         Returns:
-          Validated :class:`~opl_rank.data.LoggedData`.
+          Validated [`LoggedData`][opl_rank.data.LoggedData].
         """
         arrays = rollout_logging_policy(
             key,
@@ -326,7 +326,7 @@ class SyntheticRankingEnv:
           key: PRNG key.
           n_contexts: contexts drawn.
           progress: called with the contexts done after each chunk (see
-            :meth:`sample_logged_data`).
+            [`sample_logged_data`][sample_logged_data]).
         """
         return evaluate_policy(
             policy,
@@ -362,7 +362,7 @@ class SyntheticRankingEnv:
         interaction_t: jax.Array | None = None,
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context: the reward model's
-        ``best_rankings`` (see :meth:`InteractionRewards.best_rankings`).
+        ``best_rankings`` (see [`InteractionRewards.best_rankings`][InteractionRewards.best_rankings]).
 
         Returns:
           ``(rankings [n, L] int32, how they were found)``.
@@ -385,7 +385,7 @@ class SyntheticRankingEnv:
         beam_width: int = 64,
         progress: Callable[[int], None] | None = None,
     ) -> tuple[PolicyValue, str]:
-        """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see :meth:`best_rankings`; W^T is formed
+        """``V* = E_x max_a sum_l alpha_l q_l(x, a)`` (see [`best_rankings`][best_rankings]; W^T is formed
         once for all the chunks of contexts)."""
         methods = set()
         extra = {}

@@ -121,3 +121,17 @@ def test_the_opl_layer_imports_neither_ltr_nor_the_experiments():
         text = f.read_text()
         assert not any(m.startswith("opl_rank.ltr") for m in _opl_rank_imports(f)), f.name
         assert "import experiments" not in text and "from experiments" not in text, f.name
+
+
+def test_the_version_is_written_once_and_everything_follows_it():
+    import importlib.metadata
+
+    import yaml
+
+    root = pathlib.Path(__file__).parents[1]
+    assert importlib.metadata.version("opl_rank") == opl_rank.__version__
+    assert yaml.safe_load((root / "CITATION.cff").read_text())["version"] == opl_rank.__version__
+    changelog = (root / "CHANGELOG.md").read_text()
+    released = [line.split()[1] for line in changelog.splitlines() if line.startswith("## ") and line[3].isdigit()]
+    assert released[0] == opl_rank.__version__, "CHANGELOG.md's newest release is not the package version"
+    assert 'version = "' not in (root / "pyproject.toml").read_text().split("[project.optional-dependencies]")[0]
