@@ -28,11 +28,32 @@ from typing import Any
 
 from experiments.user_code import load_callable
 
-__all__ = ["main", "build_parser", "load_callable"]
+__all__ = ["main", "console_main", "build_parser", "load_callable", "INTERRUPTED"]
+
+INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it
+
+
+def _version() -> str:
+    """The installed package's version, without importing JAX for ``--version``."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("opl_rank")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        from opl_rank._version import __version__
+
+        return __version__
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+    """Warnings during a command: one line each, ``opl-rank CMD: warning: ...`` (no source line)."""
+    command = _RUNNING.get("command", "")
+    print(f"opl-rank{' ' + command if command else ''}: warning: {message}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opl-rank", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"opl-rank {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser(
         "simulate",
@@ -83,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--seed", type=int, default=0, help="environment and data seed (default 0)")
     sim.add_argument("--value-contexts", type=int, default=100_000, help="contexts for the ground-truth logging value")
-    sim.add_argument("--out", default=None, help="save the logged data to this .npz file")
+    sim.add_argument(
+        "--out", default=None, help="save the logged data: .parquet, .csv (docs/data_format.md) or .npz, by its suffix"
+    )
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sim.add_argument(
         "--quiet", "-q", action="store_true", help="no progress bars (results and errors are still printed)"
@@ -283,6 +306,7 @@ def _add_byo_parsers(sub: Any) -> None:
         help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
     )
     ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    ev.add_argument("--quiet", "-q", action="store_true", help="print only the result (no warnings' context lines)")
 
     rank = sub.add_parser(
         "rank",
@@ -306,6 +330,7 @@ def _add_byo_parsers(sub: Any) -> None:
         help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
     )
     rank.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    rank.add_argument("--quiet", "-q", action="store_true", help="print only the result")
 
 
 def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -386,6 +411,16 @@ def _check_simulate_args(args: argparse.Namespace) -> None:
             raise ValueError(
                 f"--out {args.out}: folder {os.path.dirname(args.out) or folder} does not exist (create it first)"
             )
+        suffix = os.path.splitext(args.out)[1].lower()
+        if suffix not in _LOG_WRITERS:
+            raise ValueError(
+                f"--out {args.out}: the suffix says the format; use one of {', '.join(sorted(_LOG_WRITERS))} "
+                f"(got {suffix or 'none'})"
+            )
+
+
+# simulate --out: the file's suffix names its format (the LoggedData method that writes it)
+_LOG_WRITERS = {".npz": "save", ".parquet": "to_parquet", ".pq": "to_parquet", ".csv": "to_csv"}
 
 
 def _simulate(args: argparse.Namespace) -> dict[str, Any]:
@@ -441,7 +476,15 @@ def _simulation_summary(
     summary["logging_policy_value_se"] = value.stderr
     if args.out:
         step(f"saving {args.out}")
-        data.save(args.out)
+        writer = _LOG_WRITERS[os.path.splitext(args.out)[1].lower()]
+        if writer == "to_csv" and data.item_features is not None:
+            import numpy as np
+
+            features = np.asarray(data.item_features)
+            if features.shape != (data.n_items, data.n_items) or not np.array_equal(features, np.eye(data.n_items)):
+                raise ValueError(f"--out {args.out}: CSV has no place for this simulator's item features; use .parquet")
+            data = data.replace(item_features=None)  # one-hot identities: the item ids say the same
+        getattr(data, writer)(args.out)
         summary["saved_to"] = args.out
     step.done()
     return summary
@@ -553,6 +596,7 @@ def _sweep(args: argparse.Namespace) -> dict[str, Any]:
         new_config=args.new_config,
         progress=not args.quiet,
         recompute_stale=args.recompute_stale,
+        status=_RUNNING,
     )
 
 
@@ -580,7 +624,7 @@ def _report(args: argparse.Namespace) -> None:
         from experiments.plots import write_plots
 
         for path in write_plots(rows, args.plots):
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr)  # stdout is the Markdown (opl-rank report > report.md)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -601,6 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _RUNNING.clear()
+    _RUNNING["command"] = args.command
     silence_noise()
     try:
         if args.command != "report":
@@ -631,6 +677,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, RuntimeError) as err:
         print(f"opl-rank {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as stop:  # Ctrl-C: one line, no traceback (finished cells are kept)
+        detail = f": {stop}" if str(stop) else ""
+        print(f"\nopl-rank {args.command}: interrupted{detail}", file=sys.stderr)
+        return INTERRUPTED
     if args.json:
         print(json.dumps(summary))
     else:
@@ -638,5 +688,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
+# What a running command reports when Ctrl-C stops it (the sweep fills it: its folder and
+# cell count). Only the console script reads it; library calls never see this state.
+_RUNNING: dict[str, Any] = {}
+
+
+def _interrupted_line() -> str:
+    command = _RUNNING.get("command", "")
+    line = f"opl-rank{' ' + command if command else ''}: interrupted"
+    folder, total = _RUNNING.get("folder"), _RUNNING.get("cells")
+    if folder and total:
+        cells = os.path.join(folder, "cells")
+        done = (
+            sum(1 for f in os.listdir(cells) if f.endswith(".json") and not f.startswith(".tmp-"))
+            if os.path.isdir(cells)
+            else 0
+        )
+        line += (
+            f": {min(done, total)} of {total} cell(s) finished and kept in {folder}; rerun the same command to resume"
+        )
+    return line
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    # A KeyboardInterrupt raised at an arbitrary bytecode can land in a garbage-collection
+    # callback, where Python swallows it and the run goes on; and tearing the interpreter
+    # down around JAX's compiler and worker threads crashed 1 of 5 tries. So Ctrl-C ends the
+    # process here and now: one line, exit 130. Every finished cell is already on disk
+    # (written atomically); a half-written one is a temporary file the next run removes.
+    print(f"\n{_interrupted_line()}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(INTERRUPTED)
+
+
+def console_main() -> None:
+    """The ``opl-rank`` console script: :func:`main`, with Ctrl-C ending the run at once
+    with one line and exit status 130 (see ``_on_sigint``)."""
+    import signal
+    import warnings
+
+    signal.signal(signal.SIGINT, _on_sigint)
+    # Warnings as one line each, like the errors (in-process callers of main keep Python's).
+    warnings.showwarning = _show_warning
     sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    console_main()

@@ -10,7 +10,14 @@ from typing import Any
 
 import yaml
 
-__all__ = ["load_yaml", "parse_overrides", "build_dataclass", "build_with_training", "resolve_path"]
+__all__ = [
+    "load_yaml",
+    "parse_overrides",
+    "check_override_keys",
+    "build_dataclass",
+    "build_with_training",
+    "resolve_path",
+]
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
@@ -43,6 +50,20 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError as err:  # e.g. a tag such as !!python/object:os.system
             raise ValueError(f"--set {key}: not a valid YAML value {value!r}: {err}") from err
     return out
+
+
+def check_override_keys(overrides: dict[str, Any], *classes: type) -> None:
+    """A ``--set`` key that none of ``classes`` has is the command line's error, not the
+    config file's: name it, with the closest known key."""
+    import difflib
+
+    known = sorted({f.name for cls in classes for f in dataclasses.fields(cls)})
+    for key in overrides:
+        head = key.split(".", 1)[0]
+        if head not in known:
+            close = difflib.get_close_matches(head, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"--set {key}: unknown key{hint}; known keys: {', '.join(known)}")
 
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:

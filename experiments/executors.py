@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +62,9 @@ def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) ->
 def _init_worker(cache_dir: str | None, parent: int | None = None) -> None:
     if parent is not None:
         exit_with_parent(parent)
+        # Ctrl-C reaches the whole process group: the parent stops the sweep (one line); a
+        # worker does not print a traceback of its own, and ends with its parent.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before JAX is imported in this fresh (spawned) interpreter.
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA}".strip()
@@ -110,6 +114,11 @@ def run_jobs(
         try:
             for future in concurrent.futures.as_completed(futures):
                 on_result(futures[future], future.result())
+        except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their cells
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            raise
         except BaseException:
             for future in futures:
                 future.cancel()

@@ -44,6 +44,9 @@ def load_experiment(config_path: str, overrides: dict[str, Any]) -> LTRExperimen
     """Read the YAML, apply ``--set`` overrides, split the keys between the experiment and
     [`LTRConfig`][LTRConfig], and validate both (unknown keys are errors)."""
     values = load_yaml(config_path)
+    from experiments.config import check_override_keys
+
+    check_override_keys(overrides, LTRExperiment, LTRConfig)
     values.update(overrides)
     experiment = build_with_training(LTRExperiment, LTRConfig, values, source=config_path)
     return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))

@@ -125,6 +125,7 @@ def run_sweep(
     new_config: bool = False,
     progress: bool = False,
     recompute_stale: bool = False,
+    status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
@@ -144,6 +145,9 @@ def run_sweep(
     Cells written by another opl_rank version (each cell file records it) are not reused:
     the sweep stops before any work with a ``ValueError`` naming the versions, unless
     ``recompute_stale``, which recomputes them (CHANGELOG.md says which versions changed results).
+
+    ``status``: a dict this run fills with its ``folder`` and number of ``cells`` as soon as
+    they are known (the command line's Ctrl-C line reads it).
     """
     import jax
 
@@ -158,6 +162,8 @@ def run_sweep(
     ) as folder:
         sweep = dataclasses.replace(sweep, output_dir=folder.path)
         every = cells(sweep)
+        if status is not None:
+            status.update(folder=folder.path, cells=len(every))
         todo, stale = [], []
         for cell in every:
             try:
@@ -199,15 +205,21 @@ def run_sweep(
                         f"[{finished}/{len(every)}] {_describe(cell, rows, seconds)}  (elapsed {time.perf_counter() - start:.0f}s)"
                     )
 
-            run_jobs(
-                _run_cells,
-                [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()],
-                report,
-                backend=backend,
-                workers=workers,
-                compilation_cache=compilation_cache,
-                ray_address=ray_address,
-            )
+            try:
+                run_jobs(
+                    _run_cells,
+                    [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()],
+                    report,
+                    backend=backend,
+                    workers=workers,
+                    compilation_cache=compilation_cache,
+                    ray_address=ray_address,
+                )
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(
+                    f"{finished} of {len(every)} cell(s) finished and kept in {folder.path}; "
+                    "rerun the same command to resume"
+                ) from None
         rows: list[dict[str, Any]] = []
         for cell in every:  # read back in grid order: the table does not depend on the backend
             try:

@@ -91,6 +91,9 @@ class PairwiseExperiment:
 
 def load_pairwise(config_path: str, overrides: dict[str, Any]) -> PairwiseExperiment:
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
+    from experiments.config import check_override_keys
+
+    check_override_keys(overrides, PairwiseExperiment, PairwiseTrainConfig)
     values = as_lists({**load_yaml(config_path), **overrides}, PairwiseExperiment, PairwiseTrainConfig)
     experiment = build_with_training(PairwiseExperiment, PairwiseTrainConfig, values, source=config_path)
     return dataclasses.replace(experiment, data=resolve_path(experiment.data, config_path))

@@ -169,6 +169,22 @@ def _stored_config(folder: str) -> dict[str, Any] | None:
     return stored
 
 
+def _has_cells(folder: str) -> bool:
+    cells = os.path.join(folder, "cells")
+    return os.path.isdir(cells) and any(
+        name.endswith(".json") and not name.startswith(".tmp-") for name in os.listdir(cells)
+    )
+
+
+def _remove_partial_writes(cells: str) -> None:
+    """Temporary files of an atomic write that a killed run left (the lock is held: no
+    writer of this folder is alive)."""
+    for name in os.listdir(cells):
+        if name.startswith(".tmp-"):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(cells, name))
+
+
 class RunFolder:
     """The folder a run writes to, its config hash, and its cell files."""
 
@@ -211,6 +227,9 @@ def open_run_folder(
         stack.enter_context(folder_lock(folder, echo=echo))
         stored = _stored_config(folder)
         diff = _differences(stored, config, exclude) if stored is not None else []
+        if diff and not _has_cells(folder):  # a run that stopped before its first cell: nothing to protect
+            echo(f"{folder}: its config.yaml is of an earlier run that finished no cell; this run replaces it")
+            stored, diff = None, []
         if diff:
             if not new_config:
                 raise ValueError(
@@ -234,6 +253,7 @@ def open_run_folder(
             if changed:
                 echo(f"{folder}: grid changed ({', '.join(changed)}); cells it shares with the previous run are reused")
         os.makedirs(os.path.join(folder, "cells"), exist_ok=True)
+        _remove_partial_writes(os.path.join(folder, "cells"))
         written = dict(config)
         if "output_dir" in written:
             written["output_dir"] = folder

@@ -147,6 +147,7 @@ class OPLSweep:
         from simulators import environments
 
         spec = environments.get(self.simulator)
+        self._check_training()
         self._check_axes(spec)
         if spec.check is not None:
             spec.check(self)
@@ -173,8 +174,10 @@ class OPLSweep:
             raise ValueError(f"lam values must be in [0, 1], got {self.lam}")
         if any(v <= 0 for v in self.tau):
             raise ValueError(f"tau values must be > 0, got {self.tau}")
-        if any(v < 1 for v in self.n) or any(s < 0 for s in self.seeds):
-            raise ValueError("n values must be >= 1 and seeds >= 0")
+        if any(v < 1 for v in self.n):
+            raise ValueError(f"n values must be >= 1, got {list(self.n)}")
+        if any(s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be >= 0, got {list(self.seeds)}")
         if any(l > d for d in self.n_items for l in self.ranking_length):
             raise ValueError(f"every ranking_length {self.ranking_length} must be <= every n_items {self.n_items}")
         if self.ks is not None and any(k < 0 or k > min(self.ranking_length) for k in self.ks):
@@ -183,6 +186,35 @@ class OPLSweep:
 
         if self.slot_marginals is not None and self.slot_marginals not in SLOT_MARGINALS:
             raise ValueError(f"slot_marginals must be null or one of {SLOT_MARGINALS}, got {self.slot_marginals!r}")
+
+    def _check_training(self) -> None:
+        """The learners' settings, checked here in the config's own key names (before any
+        file is written), as the cells will build them."""
+        import math
+
+        from opl_rank.optimization import TrainConfig
+
+        if isinstance(self.eval_contexts, bool) or not isinstance(self.eval_contexts, int) or self.eval_contexts < 2:
+            raise ValueError(f"eval_contexts must be an int >= 2 (ground-truth contexts), got {self.eval_contexts!r}")
+        if isinstance(self.n_samples, bool) or not isinstance(self.n_samples, int) or self.n_samples < 2:
+            raise ValueError(f"n_samples must be an int >= 2, got {self.n_samples!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"sigma must be finite and >= 0, got {self.sigma!r}")
+        if not (math.isfinite(self.interaction_scale) and self.interaction_scale >= 0):
+            raise ValueError(f"interaction_scale must be finite and >= 0, got {self.interaction_scale!r}")
+        for prefix in ("policy", "reward"):
+            try:
+                TrainConfig(
+                    epochs=getattr(self, f"{prefix}_epochs"),
+                    batch_size=self.batch_size,
+                    learning_rate=getattr(self, f"{prefix}_learning_rate"),
+                    devices=self.devices,
+                )
+            except ValueError as err:  # "epochs must be ..." in the sweep's words
+                message = str(err)
+                for name in ("epochs", "learning_rate"):
+                    message = message.replace(f"{name} must", f"{prefix}_{name} must", 1)
+                raise ValueError(message) from None
 
     def _check_axes(self, spec: Any) -> None:
         """Axes name config keys or the simulator's options; values are unique and typed."""
@@ -285,8 +317,9 @@ def cell_env_options(sweep: OPLSweep, cell: dict[str, Any]) -> dict[str, Any]:
 
 def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
-    from experiments.config import resolve_path
+    from experiments.config import check_override_keys, resolve_path
 
+    check_override_keys(overrides, OPLSweep)
     values = load_yaml(config_path)
     for key, value in overrides.items():  # --set axes.NAME=a,b / --set env_options.NAME=v
         head, dot, name = key.partition(".")
@@ -298,7 +331,14 @@ def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
             values[key] = value
     if values.get("letor_path"):  # as written, else relative to the config file
         values["letor_path"] = os.path.abspath(resolve_path(str(values["letor_path"]), config_path))
-    return build_dataclass(OPLSweep, as_lists(values, OPLSweep), source=config_path)
+    try:
+        return build_dataclass(OPLSweep, as_lists(values, OPLSweep), source=config_path)
+    except ValueError as err:  # name where the bad value came from: the file or --set
+        message = str(err)
+        if message.startswith(config_path):
+            raise
+        given = f" with --set {', '.join(overrides)}" if overrides else ""
+        raise ValueError(f"{config_path}{given}: {message}") from None
 
 
 def resolved_config(sweep: OPLSweep) -> dict[str, Any]:

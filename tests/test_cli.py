@@ -133,7 +133,7 @@ def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
     "extra,message",
     [
         (["--set", "epochs=zero"], "epochs must be an integer"),
-        (["--set", "nonsense=1"], "unknown key(s) ['nonsense']"),
+        (["--set", "nonsense=1"], "--set nonsense: unknown key"),
         (["--set", "data=/no/such/file.txt"], "data file not found"),
         (["--set", "estimator=magic"], "estimator must be one of"),
         (["--set", "novalue"], "--set expects key=value"),

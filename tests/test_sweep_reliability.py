@@ -182,6 +182,49 @@ def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsy
     assert _table(out / "results.csv") == reference
 
 
+@pytest.mark.slow
+def test_ctrl_c_at_random_points_ends_with_one_line_and_resumes(tmp_path):
+    """SIGINT (Ctrl-C) at start-up, mid-cell and between cells: exit 130, one line saying
+    what was kept and how to resume, no traceback; the resumed table is the uninterrupted one."""
+    seeds = "0,1,2"
+    cache = tmp_path / "jax"
+    reference_dir = tmp_path / "reference"
+    done = _subprocess_sweep(reference_dir, seeds, cache)
+    assert done.wait(timeout=300) == 0
+    reference = _table(reference_dir / "results.csv")
+    out = tmp_path / "interrupted"
+    cells = out / "cells"
+
+    def finished():
+        return len([p for p in cells.iterdir() if p.suffix == ".json"]) if cells.exists() else 0
+
+    rng = random.Random(1)
+    stopped = []
+    for attempt in range(3):
+        proc = _subprocess_sweep(out, seeds, cache)
+        target = 0 if attempt == 0 else min(finished() + 1, 2)
+        deadline = time.monotonic() + 120
+        while finished() < target and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.2, 1.5) if attempt == 0 else rng.uniform(0.0, 0.8))
+        if proc.poll() is not None:
+            continue  # it finished first: nothing to interrupt
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        stopped.append(finished())
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err, err
+        last = [line for line in err.splitlines() if line.strip()][-1]
+        assert last.startswith("opl-rank sweep: interrupted"), err
+        if "cell(s) finished" in last:
+            assert "rerun the same command to resume" in last and str(out) in last, last
+    assert stopped, "every run finished before it could be interrupted"
+    final = _subprocess_sweep(out, seeds, cache)
+    _, err = final.communicate(timeout=300)
+    assert final.returncode == 0, err
+    assert _table(out / "results.csv") == reference
+
+
 def _children(pid):
     out = []
     for entry in os.listdir("/proc"):
