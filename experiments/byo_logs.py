@@ -428,6 +428,19 @@ def format_evaluation(summary: dict[str, Any]) -> str:
 # -- rank ------------------------------------------------------------------------------
 
 
+# Columns of logged feedback: what rank's output must not carry over from a logs file.
+_LOGGED_COLUMNS = (
+    "ranking",
+    "reward",
+    "log_pi0_prefix",
+    "pi0_prefix",
+    "log_pi0_position_marginal",
+    "pi0_position_marginal",
+    "position_weight",
+    "alpha",
+)
+
+
 def run_rank(
     *, policy: str, contexts: str, out: str, sample: bool = False, seed: int = 0, chunk_size: int = 8192
 ) -> dict[str, Any]:
@@ -449,6 +462,12 @@ def run_rank(
     ranker, spec = _load(policy)
     with _option("--contexts"):
         table, context, mask = read_contexts(contexts, n_items=int(spec["n_items"]))
+    # A logs file as --contexts: its logged ranking, rewards and propensities would sit beside
+    # the policy's rankings and read as logs. The output keeps the contexts (and any other
+    # column of the user's) and the new rankings only, and says what it dropped.
+    dropped = [c for c in _LOGGED_COLUMNS if c in table.column_names]
+    if dropped:
+        table = table.drop_columns(dropped)
     with _option(f"--contexts {contexts}:"):
         check_context_dim(spec, context.shape[1])
     key = make_key(seed)
@@ -476,4 +495,5 @@ def run_rank(
         "sampled": sample,
         "seed": seed if sample else None,
         "saved_to": out,
+        "dropped_logged_columns": dropped or None,
     }

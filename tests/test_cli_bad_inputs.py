@@ -140,3 +140,20 @@ def test_the_console_script_prints_warnings_as_one_line(tmp_path):
         [sys.executable, "-m", "experiments.cli", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert console.returncode == 0 and json.dumps(console.stdout.split()[0]) == '"opl-rank"'
+
+
+def test_rank_given_a_logs_file_writes_contexts_and_rankings_only(tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    logs, policy = str(tmp_path / "logs.parquet"), str(tmp_path / "policy")
+    assert main(["simulate", "-D", "4", "-L", "2", "--n", "200", "--value-contexts", "100", "--out", logs, "-q"]) == 0
+    assert main(["fit", "--data", logs, "--method", "regression", "--reward-epochs", "2", "--out", policy, "-q"]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "ranked.parquet")
+    assert main(["rank", "--policy", policy, "--contexts", logs, "--out", out, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(summary["dropped_logged_columns"]) >= {"reward", "log_pi0_prefix", "ranking"}
+    ranked = pd.read_parquet(out)
+    assert "ranking" in ranked.columns  # beside the ids and other columns of the user's (not the contexts)
+    assert not {"reward", "log_pi0_prefix", "log_pi0_position_marginal"} & set(ranked.columns)
+    logged = pd.read_parquet(logs)
+    assert len(ranked) == len(logged)
