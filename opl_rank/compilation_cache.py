@@ -69,7 +69,8 @@ def enable_compilation_cache(
         raise ValueError(f"cache_dir {path!r} cannot be created: {err}") from err
     if not os.access(path, os.W_OK):
         raise ValueError(f"cache_dir {path!r} is not writable")
-    changed = jax.config.jax_compilation_cache_dir != path
+    # jax.config creates one attribute per option at runtime; its type declares none of them
+    changed = jax.config.jax_compilation_cache_dir != path  # type: ignore[attr-defined]
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
     if changed:

@@ -120,7 +120,10 @@ class LoggedData(struct.PyTreeNode):
     # -- persistence -----------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write to ``path`` (``.npz``) atomically: a temporary file, then a rename."""
-        arrays = {name: np.asarray(getattr(self, name)) for name in _ARRAY_FIELDS if getattr(self, name) is not None}
+        # Any: numpy's stubs would match a str-keyed ** against savez's allow_pickle (no field has that name)
+        arrays: dict[str, Any] = {
+            name: np.asarray(getattr(self, name)) for name in _ARRAY_FIELDS if getattr(self, name) is not None
+        }
         arrays["n_items"] = np.asarray(self.n_items)
         atomic_write(path, lambda f: np.savez(f, **arrays))
 

@@ -29,8 +29,8 @@ import dataclasses
 import functools
 import math
 import sys
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -169,7 +169,11 @@ def data_mesh(devices: int | str | None) -> jax.sharding.Mesh | None:
     if devices is None:
         return None
     available = jax.devices()
-    count = len(available) if devices == "all" else devices
+    if devices == "all":
+        count = len(available)
+    else:
+        assert isinstance(devices, int)  # _check_devices: None, "all" or a positive int
+        count = devices
     if count > len(available):
         raise ValueError(
             f"devices={devices} but only {len(available)} {available[0].platform} device(s) are visible "
@@ -190,7 +194,7 @@ def _replicate(tree: Any, mesh: jax.sharding.Mesh) -> Any:
     """Concrete arrays of ``tree`` replicated on every device of the mesh (tracers as they are)."""
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-    def put(x):
+    def put(x: Any) -> Any:
         if isinstance(x, (jax.Array, np.ndarray)) and not isinstance(x, jax.core.Tracer):
             return jax.device_put(x, replicated)
         return x
@@ -344,14 +348,14 @@ def train(
 _LISTENERS: dict[int, Callable[[int, dict[str, float]], None]] = {}
 
 
-def _notify(token, epoch, record) -> None:
+def _notify(token: Any, epoch: Any, record: dict[str, Any]) -> None:
     callback = _LISTENERS.get(int(token))
     if callback is not None and bool(record["active"]):
         callback(int(epoch), {name: float(v) for name, v in record.items() if name not in ("active", "nonfinite_step")})
 
 
 @contextlib.contextmanager
-def listen(callback: Callable[[int, dict[str, float]], None]):
+def listen(callback: Callable[[int, dict[str, float]], None]) -> Iterator[jax.Array]:
     """``with listen(fn) as token: train(..., listener=token)``: ``fn(epoch, record)`` runs
     on the host after every epoch of that run."""
     token = max(_LISTENERS, default=0) + 1
@@ -375,7 +379,32 @@ def print_epoch(epochs: int) -> Callable[[int, dict[str, float]], None]:
 _STATIC = ("loss_fn", "optimizer", "epochs", "batch_size", "valid_loss_fn", "patience", "metrics_fn", "devices")
 _train_compiled = jax.jit(train, static_argnames=_STATIC)
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
+
+class _WithLower(Generic[_P, _R]):
+    """A function that also offers a jitted function's ``lower`` (what ``train_jit.lower`` is):
+    calls go to the function, whose name, docstring and signature it carries."""
+
+    def __init__(self, fn: Callable[_P, _R], lower: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self.lower = lower
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return self._fn(*args, **kwargs)
+
+    def __reduce__(self) -> str:
+        return self._fn.__qualname__  # pickled by reference, as the module-level function it stands for
+
+
+def _with_lower(lower: Callable[..., Any]) -> Callable[[Callable[_P, _R]], _WithLower[_P, _R]]:
+    """Decorator: the function with ``lower`` attached (see :class:`_WithLower`)."""
+    return lambda fn: _WithLower(fn, lower)
+
+
+@_with_lower(_train_compiled.lower)
 def train_jit(
     loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, data: Any, key: jax.Array, **options: Any
 ) -> TrainResult:
@@ -389,6 +418,7 @@ def train_jit(
     if devices is None:
         return _train_compiled(loss_fn, optimizer, params, data, key, **options)
     mesh = data_mesh(devices)
+    assert mesh is not None  # devices is set
     params, data, key = _replicate((params, data, key), mesh)
     options.update(
         {
@@ -409,20 +439,18 @@ def _partitioner_for(key: jax.Array) -> contextlib.AbstractContextManager:
         philox = "philox" in str(jax.random.key_impl(key))
     except (TypeError, ValueError):  # a raw uint32 key: threefry
         philox = False
-    if not philox or not jax.config.jax_use_shardy_partitioner:
+    # jax.config creates one attribute per option at runtime; its type declares none of them
+    if not philox or not jax.config.jax_use_shardy_partitioner:  # type: ignore[attr-defined]
         return contextlib.nullcontext()
     from jax._src import config as jax_config  # the flag's context manager (no public one)
 
     return jax_config.use_shardy_partitioner(False)
 
 
-train_jit.lower = _train_compiled.lower
-
-
 def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
     """``{name: [epochs]}`` arrays (one run) -> one dict per epoch that ran."""
     arrays = {name: np.asarray(value) for name, value in history.items()}
-    records = []
+    records: list[dict[str, float]] = []
     for e in range(arrays["active"].shape[0]):
         if not arrays["active"][e]:
             break

@@ -14,8 +14,9 @@ from typing import BinaryIO
 __all__ = ["atomic_write", "atomic_write_text"]
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Call ``write(f)`` on a temporary binary file, then move it to ``path``."""
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write(f)`` on a temporary binary file, then move it to ``path`` (what ``write``
+    returns is ignored)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

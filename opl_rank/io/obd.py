@@ -406,7 +406,7 @@ def bts_from_random(
     if dist.shape[0] < data.n_items:
         raise ValueError(f"BTS's action distribution covers {dist.shape[0]} items, the logs {data.n_items}")
     truth = on_policy_value(bts_logs, level=level)
-    rows = [
+    rows: list[dict[str, Any]] = [
         dict(
             campaign=campaign,
             source="on-policy",
@@ -441,22 +441,22 @@ def bts_from_random(
         ci="normal",
         level=level,
     )
-    for name, r in results.items():
+    for name, result in results.items():
         rows.append(
             dict(
                 campaign=campaign,
                 source="opl_rank",
                 estimator=name,
-                value=r.value,
-                stderr=r.stderr,
-                ci_low=r.ci_low,
-                ci_high=r.ci_high,
-                n=r.n,
-                ess=r.ess,
+                value=result.value,
+                stderr=result.stderr,
+                ci_low=result.ci_low,
+                ci_high=result.ci_high,
+                n=result.n,
+                ess=result.ess,
             )
         )
     if with_obp:
-        for name, r in obp_estimates(
+        for name, estimate in obp_estimates(
             random_logs, dist, level=level, n_bootstrap=n_bootstrap, random_state=random_state
         ).items():
             rows.append(
@@ -464,10 +464,10 @@ def bts_from_random(
                     campaign=campaign,
                     source="obp",
                     estimator=name,
-                    value=r["value"],
+                    value=estimate["value"],
                     stderr=math.nan,
-                    ci_low=r["ci_low"],
-                    ci_high=r["ci_high"],
+                    ci_low=estimate["ci_low"],
+                    ci_high=estimate["ci_high"],
                     n=data.n_rounds,
                     ess=math.nan,
                 )

@@ -38,6 +38,7 @@ import json
 import os
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,10 +69,10 @@ PARAMS_FILE = "params.msgpack"
 FORMAT = "opl_rank.policy"
 FORMAT_VERSION = "1.0"  # major.minor: another major is refused; minors only add optional keys
 
-_SCORERS = {"ActionScorer": ActionScorer, "ItemFeatureScorer": ItemFeatureScorer}
+_SCORERS: dict[str, type[nn.Module]] = {"ActionScorer": ActionScorer, "ItemFeatureScorer": ItemFeatureScorer}
 
 # spec name ("class" in policy.json) -> policy class, in registration order
-_POLICY_CLASSES: dict[str, type] = {}
+_POLICY_CLASSES: dict[str, type[Any]] = {}
 
 
 # -- the registry of policy classes ----------------------------------------------------
@@ -474,6 +475,7 @@ def _build_reward(spec: dict, arrays: Any, context_dim: int, path: str) -> Rewar
 def _restore(template: Any, params: Any, path: str, what: str) -> Any:
     """``params`` as JAX arrays, after checking them against the module's shapes."""
     want = jax.tree_util.tree_flatten_with_path(template)[0]
+    got_def: Any  # the treedef (jaxlib's PyTreeDef has no type here)
     try:
         got_leaves, got_def = jax.tree.flatten(params)
     except Exception as err:  # pragma: no cover - msgpack gives dicts of arrays

@@ -29,7 +29,7 @@ import math
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -84,12 +84,12 @@ class _Columns:
         columns: dict[str, Any],
         n: int,
         source: str,
-        metadata: dict | None,
+        metadata: dict[str, Any],
         row_note: Callable[[int], str] = lambda i: "",
-    ):
+    ) -> None:
         self.columns, self.n, self.source, self.metadata, self.row_note = columns, n, source, metadata, row_note
 
-    def fail(self, column: str | None, problem: str, row: int | None = None) -> None:
+    def fail(self, column: str | None, problem: str, row: int | None = None) -> NoReturn:
         where = "" if column is None else f"column {column!r}: "
         if row is not None:
             where += f"row {int(row)}{self.row_note(int(row))} "
@@ -215,7 +215,7 @@ class _Columns:
             )
         return np.log(np.minimum(values, 1.0))
 
-    def missing(self, name: str) -> None:
+    def missing(self, name: str) -> NoReturn:
         have = sorted(self.columns)
         self.fail(None, f"missing column {name}; the table has columns {have} (schema: docs/data_format.md)")
 
@@ -379,7 +379,8 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     try:
         # LoggedData casts (float32, int32) and validates what is left: item indices in
         # [0, n_items), no repeats, prefix log-probabilities non-increasing, the mask.
-        return LoggedData(n_items=n_items, **{k: None if v is None else jnp.asarray(v) for k, v in fields.items()})
+        arrays: dict[str, Any] = {k: None if v is None else jnp.asarray(v) for k, v in fields.items()}
+        return LoggedData(n_items=n_items, **arrays)
     except ValueError as err:
         message = str(err)
         match = re.match(r"LoggedData\.(\w+): ", message)
@@ -396,7 +397,7 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
 def _nested_column(cols: _Columns, name: str, n_items: int) -> np.ndarray:
     """A per-round ``[D][di]`` column as ``[n, D, di]``."""
     rows = cols.columns[name].to_pylist()
-    out = []
+    out: list[np.ndarray] = []
     for i, row in enumerate(rows):
         try:
             value = np.asarray(row, dtype=np.float64)
@@ -450,7 +451,7 @@ def _parse_cell(text: str) -> Any:
 def _series_to_arrow(series: Any, name: str, cols: _Columns) -> Any:
     pa = _require("pyarrow", "LoggedData.from_pandas")
     cells = series.tolist()
-    parsed = []
+    parsed: list[Any] = []
     for i, cell in enumerate(cells):
         if _is_missing(cell) or (isinstance(cell, str) and not cell.strip()):
             parsed.append(None)

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -70,16 +70,18 @@ class PairwiseRanker(NamedTuple):
     history: list[dict[str, float]]  # per epoch: train_loss (and valid_loss)
 
     def scores(self, features: jax.Array) -> jax.Array:
-        return self.module.apply(self.params, jnp.asarray(features, jnp.float32))
+        """``[.., D, F] -> [.., D]`` scores."""
+        # flax types apply's result as Any | (output, state); without mutable= it is the output
+        return cast(jax.Array, self.module.apply(self.params, jnp.asarray(features, jnp.float32)))
 
 
 @functools.lru_cache(maxsize=32)
-def _loss(module: MLPScorer, pair_loss: str, correction: str):
+def _loss(module: MLPScorer, pair_loss: str, correction: str) -> Callable[[Any, Any, jax.Array, Any], jax.Array]:
     """The mean per-list debiased pairwise loss: one function object per setting (compiled once)."""
 
-    def loss_fn(params, batch, key, aux):
+    def loss_fn(params: Any, batch: Any, key: jax.Array, aux: Any) -> jax.Array:
         examination, joint = aux
-        scores = module.apply(params, batch["features"])
+        scores = cast(jax.Array, module.apply(params, batch["features"]))  # the output (no mutable=), as above
         return jnp.mean(
             unbiased_pairwise_loss(
                 scores,
@@ -131,15 +133,15 @@ def train_pairwise_ranker(
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
-    features = jnp.asarray(features, jnp.float32)
-    if features.ndim != 3 or targets.shape != features.shape[:2] or mask.shape != features.shape[:2]:
+    feature_array = jnp.asarray(features, jnp.float32)
+    if feature_array.ndim != 3 or targets.shape != feature_array.shape[:2] or mask.shape != feature_array.shape[:2]:
         raise ValueError(
-            f"need features [N, K, F], targets and mask [N, K]; got {features.shape}, {targets.shape}, {mask.shape}"
+            f"need features [N, K, F], targets and mask [N, K]; got {feature_array.shape}, {targets.shape}, {mask.shape}"
         )
     module = MLPScorer(hidden=tuple(config.hidden))
     k_init, key = jax.random.split(key)
-    params = module.init(k_init, features[:1])
-    rows = {"features": features, "targets": jnp.asarray(targets, bool), "mask": jnp.asarray(mask, bool)}
+    params = module.init(k_init, feature_array[:1])
+    rows = {"features": feature_array, "targets": jnp.asarray(targets, bool), "mask": jnp.asarray(mask, bool)}
     aux = (jnp.asarray(examination, jnp.float32), jnp.asarray(joint_examination, jnp.float32))
     held_out = None
     if valid is not None:

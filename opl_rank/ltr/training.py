@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -129,20 +129,20 @@ def _objective(config: LTRConfig) -> Callable[..., jax.Array]:
         corrected = _EXPOSURE_ESTIMATORS[config.estimator]
         loss_fn = LOSSES[config.loss]
 
-        def objective(logits, rho, mask, key):
+        def exposure_objective(logits: jax.Array, rho: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
             expo = gradients.exposure(
                 logits, theta, key, config.n_samples, where=mask, baseline=config.baseline, corrected=corrected
             )
             return loss_fn(expo, rho, where=mask)
 
-        return objective
+        return exposure_objective
     estimator = gradients.GRADIENT_ESTIMATORS[config.estimator]
     extra = {} if config.estimator == "plrank3" else {"baseline": config.baseline}
 
-    def objective(logits, rho, mask, key):
+    def gradient_objective(logits: jax.Array, rho: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
         return -estimator(logits, rho, theta, key, config.n_samples, where=mask, **extra)
 
-    return objective
+    return gradient_objective
 
 
 @functools.lru_cache(maxsize=64)
@@ -152,8 +152,9 @@ def _losses(config: LTRConfig) -> tuple[Callable, Callable]:
     model = MLPScorer(hidden=tuple(config.hidden))
     objective = _objective(config)
 
-    def masked_logits(params, features, mask):
-        return jnp.where(mask, model.apply(params, features), -jnp.inf)
+    def masked_logits(params: Any, features: jax.Array, mask: jax.Array) -> jax.Array:
+        # flax types apply's result as Any | (output, state); without mutable= it is the output
+        return jnp.where(mask, cast(jax.Array, model.apply(params, features)), -jnp.inf)
 
     def batch_loss(params, batch, key, aux):
         logits = masked_logits(params, batch["features"], batch["mask"])

@@ -50,7 +50,9 @@ def one_hot_sum(items: jax.Array, n_items: int, weights: jax.Array | None = None
     return jnp.einsum("...kd,k->...d", one_hot, weights)
 
 
-def slot_gains(g, v, alpha, placed, weighted, first_slot: int, n_slots: int) -> jax.Array:
+def slot_gains(
+    g: jax.Array, v: jax.Array, alpha: jax.Array, placed: jax.Array, weighted: jax.Array, first_slot: int, n_slots: int
+) -> jax.Array:
     """``U``: what each item adds at each of ``n_slots`` slots from ``first_slot`` on.
 
     Args:
@@ -68,7 +70,7 @@ def slot_gains(g, v, alpha, placed, weighted, first_slot: int, n_slots: int) -> 
     return (g + placed @ v)[..., None] * tail_alpha + (weighted @ v.T)[..., None]
 
 
-def complete_exact(g, v, alpha, prefixes) -> jax.Array:
+def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
     """The argmax tail of every prefix by enumeration: ``[.., n, D], [D, D], [L], int [.., n, k]
     -> int32 [.., n, L - k]``. Cost ``O((D-k)!/(D-L)! * (D-k)^2)`` per prefix."""
     n_items = g.shape[-1]
@@ -104,7 +106,7 @@ def complete_exact(g, v, alpha, prefixes) -> jax.Array:
     return jnp.take_along_axis(free_items, best, axis=-1)
 
 
-def complete_beam(g, v, alpha, prefixes, beam_width: int) -> jax.Array:
+def complete_beam(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array, beam_width: int) -> jax.Array:
     """Beam search slot by slot, partial rankings scored exactly by their own f (later
     slots not yet placed): same shapes as :func:`complete_exact`."""
     n_items = g.shape[-1]
@@ -158,7 +160,16 @@ def _beam_batches(rows, v, v_t, scale, alpha, beam_width: int) -> jax.Array:
     return jax.lax.map(lambda part: _beam_rows(part, v, v_t, scale, alpha, beam_width), rows)
 
 
-def best_rankings_beam(g, v, alpha, *, beam_width: int = 64, scale=1.0, v_t=None, max_floats: int = 2**22) -> jax.Array:
+def best_rankings_beam(
+    g: jax.Array,
+    v: jax.Array | np.ndarray,
+    alpha: jax.Array | np.ndarray,
+    *,
+    beam_width: int = 64,
+    scale: float | jax.Array = 1.0,
+    v_t: jax.Array | np.ndarray | None = None,
+    max_floats: int = 2**22,
+) -> jax.Array:
     """The beam search of :func:`complete_beam` from an empty prefix, for many items.
 
     The same search and the same rankings (up to float rounding) at ``O(B D L)`` per row
@@ -195,7 +206,9 @@ def best_rankings_beam(g, v, alpha, *, beam_width: int = 64, scale=1.0, v_t=None
     return out.reshape(-1, alpha.shape[0])[:n]
 
 
-def complete(g, v, alpha, prefixes, *, max_enumerated: int = 512, beam_width: int = 4) -> tuple[jax.Array, str]:
+def complete(
+    g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array, *, max_enumerated: int = 512, beam_width: int = 4
+) -> tuple[jax.Array, str]:
     """Prefixes followed by their best tails, and ``"exact"`` or ``"beam"``.
 
     Args:

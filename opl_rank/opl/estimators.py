@@ -191,15 +191,36 @@ def _check_prefix(target: Propensities, batch: LoggedData, name: str) -> None:
         )
 
 
+def _needs_model(model: ModelTerms | None, name: str) -> ModelTerms:
+    if model is None:
+        raise ValueError(f"{name} needs a reward model's values (model=ModelTerms(logged, policy))")
+    return model
+
+
 # ---------------------------------------------------------------------------------------
 # The estimators
 # ---------------------------------------------------------------------------------------
-def dm_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def dm_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """Direct method: ``E_{a ~ pi}[f_hat(x, a)]`` per round (no importance weights)."""
+    model = _needs_model(model, "dm")
     return Terms(model.policy, jnp.ones_like(model.policy))
 
 
-def ips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def ips_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """IPS: ``w R`` with ranking-level ``w``; gradient ``w R grad log pi(a | x)``.
 
     Args:
@@ -228,13 +249,27 @@ def ips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     return Terms(_boxed(w, weighted_reward(batch.reward, batch.position_weight), log_pi), w)
 
 
-def snips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def snips_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """Self-normalised IPS: ``sum_i w_i R_i / sum_i w_i`` (``normalizer = w``)."""
     terms = ips_terms(target, batch, max_log_weight=max_log_weight)
     return terms._replace(normalizer=terms.weight)
 
 
-def rips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def rips_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """RIPS (cascade): ``sum_l alpha_l w_{1:l} r_l``, gradient with ``grad log pi(a_{1:l})``."""
     _check_prefix(target, batch, "rips")
     w = importance_weight(target.log_prefix, batch.log_pi0_prefix, max_log_weight)  # [n, L]
@@ -242,7 +277,14 @@ def rips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     return Terms(jnp.sum(slot, axis=-1), w)
 
 
-def iips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def iips_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """IIPS (independence): ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
 
     With a PL target the position marginals are exact and differentiable
@@ -258,7 +300,14 @@ def iips_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     return Terms(jnp.sum(slot, axis=-1), w)
 
 
-def topk_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def topk_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """R-POD(k) (Eq. 9): ``w(x, a_{1:k}) (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]``.
 
     ``w(x, a_{1:k}) = pi(a_{1:k} | x) / pi_0(a_{1:k} | x)`` (1 at ``k = 0``, where the first
@@ -274,6 +323,7 @@ def topk_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     n_slots = batch.ranking.shape[-1]
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= n_slots:
         raise ValueError(f"k must be an int in [0, L={n_slots}], got {k!r}")
+    model = _needs_model(model, "topk")
     residual = weighted_reward(batch.reward, batch.position_weight) - sg(model.logged)
     if k == 0:
         return Terms(sg(residual) + model.policy, jnp.ones_like(residual))
@@ -284,7 +334,14 @@ def topk_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
     return Terms(_boxed(w, residual, log_pi) + model.policy, w)
 
 
-def dr_terms(target, batch, *, model=None, k=None, max_log_weight=jnp.inf):
+def dr_terms(
+    target: Propensities,
+    batch: LoggedData,
+    *,
+    model: ModelTerms | None = None,
+    k: int | None = None,
+    max_log_weight: float = jnp.inf,
+) -> Terms:
     """DR: ``w (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)]`` (``topk`` at ``k = L``)."""
     _check_prefix(target, batch, "dr")
     return topk_terms(target, batch, model=model, k=batch.ranking.shape[-1], max_log_weight=max_log_weight)
@@ -305,7 +362,16 @@ for _name, _entry in {
 # ---------------------------------------------------------------------------------------
 # Model terms E_{a ~ pi}[f_hat] with low-variance gradients (exposure paper)
 # ---------------------------------------------------------------------------------------
-def additive_model_value(logits, item_value, position_weight, key, n_samples, *, where=None, baseline=True):
+def additive_model_value(
+    logits: jax.Array,
+    item_value: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """``E_{a ~ pi}[sum_l alpha_l g(x, a_l)]`` by marginalize-all (exposure paper Eq. 30).
 
     Args:
@@ -325,7 +391,16 @@ def additive_model_value(logits, item_value, position_weight, key, n_samples, *,
     )
 
 
-def ranking_model_value(logits, value_fn, n_slots, key, n_samples, *, where=None, baseline=True):
+def ranking_model_value(
+    logits: jax.Array,
+    value_fn: Callable[[jax.Array], jax.Array],
+    n_slots: int,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """``E_{a_{1:K} ~ pi}[f(a_{1:K})]`` for any ``value_fn(rankings [N, n, K]) -> [N, n]``.
 
     Score-function gradient with leave-one-out baselines over the ``N`` samples.

@@ -259,7 +259,11 @@ class _Plan(NamedTuple):
 
 def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
     n_slots = data.ranking_length
-    k = {"rpod": config.k, "regression": 0}.get(config.method, n_slots)
+    if config.method == "rpod":
+        assert config.k is not None  # LearnerConfig: rpod has an int k
+        k = config.k
+    else:
+        k = 0 if config.method == "regression" else n_slots
     if k > n_slots:
         raise ValueError(f"k={k} must be in [0, L={n_slots}]")
     if needs_position_marginals(config.method) and data.log_pi0_position_marginal is None:
@@ -291,6 +295,7 @@ def _surrogate(plan: _Plan) -> Callable:
     parameters reuse the compiled training run.
     """
     config, k = plan.config, plan.k
+    assert plan.estimator is not None  # a surrogate trains a policy: plans without one (regression) have none
     entry = opl_estimators.get(plan.estimator)
 
     def loss(params, batch: LoggedData | tuple[LoggedData, dict], key, reward_params):
@@ -384,30 +389,33 @@ def fit_arrays(
         data, valid = train_val_split(data, k_split, config.valid_fraction)
     out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
     if plan.reward_module is not None and reward_params is None:
-        out["reward"] = train_reward_params(
+        fitted_reward = train_reward_params(
             plan.reward_module, "sum", data, k_reward, config.reward_train, listener=listeners[0]
         )
-        reward_params = out["reward"].params
+        out["reward"] = fitted_reward
+        reward_params = fitted_reward.params
     elif reward_params is not None:
         out["reward"] = TrainResult(reward_params, None)
     if plan.estimator is not None:
         train = config.train
         first_context = data.context[:1]
+        # the rows trained on: the logged rows, or (with completion orders) (rows, per-row extras)
+        rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] = data
+        valid_rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] | None = valid
         if plan.completion_order:
-            data, valid = (
-                None if d is None else (d, {"completion_order": _completion_orders(plan, reward_params, d)})
-                for d in (data, valid)
-            )
+            rows = (data, {"completion_order": _completion_orders(plan, reward_params, data)})
+            if valid is not None:
+                valid_rows = (valid, {"completion_order": _completion_orders(plan, reward_params, valid)})
         out["policy"] = train_jit(
             _surrogate(plan),
             train.make_optimizer(),
             plan.policy_module.init(k_init, first_context),
-            data,
+            rows,
             k_fit,
             epochs=train.epochs,
             batch_size=train.batch_size,
             aux=reward_params,
-            valid=valid,
+            valid=valid_rows,
             patience=train.patience if valid is not None else None,
             devices=train.devices,
             listener=listeners[1],
@@ -453,7 +461,9 @@ def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
         )
 
 
-def _policy(plan: _Plan, fitted: dict[str, Any], position_weight: jax.Array) -> RankingPolicy:
+def _policy(
+    plan: _Plan, fitted: dict[str, Any], position_weight: jax.Array
+) -> PLPolicy | RegressionPolicy | TwoStagePolicy:
     method = plan.config.method
     for part in ("reward", "policy"):
         if fitted[part] is not None and fitted[part].history is not None:
@@ -517,7 +527,9 @@ def fit(
         fitted = jax.block_until_ready(fit_arrays(plan, data, key, reward_params, listeners=listeners))
     policy = _policy(plan, fitted, data.position_weight)
     if plan.estimator is not None:
-        _warn_if_clipped(plan, policy.pl_stage, data)
+        stage = policy.pl_stage
+        assert stage is not None  # a policy trained by an estimator has a PL part
+        _warn_if_clipped(plan, stage, data)
     return policy
 
 
@@ -575,7 +587,7 @@ def stack_data(datas: Sequence[LoggedData]) -> tuple[list[jax.Array], Any]:
     and the common treedef (a ValueError names the first mismatch)."""
     if not datas:
         raise ValueError("datas must not be empty")
-    flat = [jax.tree.flatten(d) for d in datas]
+    flat: list[tuple[list[jax.Array], Any]] = [jax.tree.flatten(d) for d in datas]  # Any: the treedef
     for i, (leaves, treedef) in enumerate(flat[1:], start=1):
         shapes = [x.shape for x in leaves]
         if treedef != flat[0][1] or shapes != [x.shape for x in flat[0][0]]:

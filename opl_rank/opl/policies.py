@@ -81,8 +81,11 @@ class RankingPolicy(Protocol):
           ``reader`` save and rebuild nested parts (policies, scorers, reward models)
     """
 
-    n_slots: int
     deterministic: bool
+
+    @property
+    def n_slots(self) -> int:
+        """L, the length of its rankings (a field or a property of the policy)."""
 
     def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """``[n, dx] -> [n, L]`` int32 rankings of the candidates ``where`` (bool ``[n, D]``) allows."""
@@ -340,9 +343,11 @@ class TwoStagePolicy:
         per_row = (n_prefixes if enumerate_prefixes else self.n_samples) * (data.n_items + self.n_slots)
         rows = int(max(1, min(n, tuning.POLICY_CHUNK_FLOATS // per_row)))
         starts = range(0, n, rows)
-        keys = (
-            [key] * len(starts) if enumerate_prefixes or len(starts) == 1 else list(jax.random.split(key, len(starts)))
-        )
+        if enumerate_prefixes or len(starts) == 1:
+            keys = [key] * len(starts)
+        else:
+            assert key is not None  # checked above: Monte Carlo marginals need a key
+            keys = list(jax.random.split(key, len(starts)))
         beyond = jnp.concatenate(
             [
                 _beyond_k_marginals(

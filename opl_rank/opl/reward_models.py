@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -126,7 +126,8 @@ class RewardModel:
 
     def slot_values(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """``h_l(x, a)``: ``[n, dx], [.., n, K<=L] -> [.., n, K]``."""
-        return self.module.apply(self.params, context, rankings)
+        # flax types apply's result as Any | (output, state); without mutable= it is the output
+        return cast(jax.Array, self.module.apply(self.params, context, rankings))
 
     def predict(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """``f_hat(x, a) = sum_l alpha_l h_l``: ``[n, dx], [.., n, L] -> [.., n]``."""
@@ -134,7 +135,7 @@ class RewardModel:
 
     def item_values(self, context: jax.Array) -> jax.Array:
         """``g(x, d)`` ``[n, D]`` (the whole model when ``kind == "additive"``)."""
-        return self.module.apply(self.params, context, method=_SlotValues.item_values)
+        return cast(jax.Array, self.module.apply(self.params, context, method=_SlotValues.item_values))  # as above
 
     def _candidate_values(self, context: jax.Array, where: jax.Array | None) -> jax.Array:
         g = self.item_values(context)

@@ -163,7 +163,16 @@ def _with_doc(fn):
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
 @_with_doc
-def standard_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+def standard_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """Standard policy gradient, complete rankings as actions (Eq. 23)."""
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
@@ -175,7 +184,16 @@ def standard_utility(logits, relevance, position_weight, key, n_samples, *, wher
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
 @_with_doc
-def placement_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+def placement_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """Placement-trajectory policy gradient (Eq. 25): theta_k (rho_{y_k} - b_k) on log pi(y_{1:k})."""
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
@@ -188,7 +206,16 @@ def placement_utility(logits, relevance, position_weight, key, n_samples, *, whe
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
 @_with_doc
-def marginalize_first_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+def marginalize_first_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """Marginalize-first (Eq. 27): the first position exactly, placements after it sampled."""
     n_slots = _check(position_weight, logits.shape[-1], n_samples, baseline)
     s = _Samples(logits, key, n_slots, n_samples, where)
@@ -207,7 +234,16 @@ def marginalize_first_utility(logits, relevance, position_weight, key, n_samples
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline"))
 @_with_doc
-def marginalize_all_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True):
+def marginalize_all_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+) -> jax.Array:
     """Marginalize-all (Eq. 30): every position's reward marginalized over its sampled prefix.
 
     The value and the gradient are formed in closed form (a custom reverse pass; the same
@@ -331,7 +367,16 @@ _marginalize_all.defvjp(_marginalize_all_fwd, _marginalize_all_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples", "baseline", "corrected"))
-def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=True, corrected=True):
+def exposure(
+    logits: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+    corrected: bool = True,
+) -> jax.Array:
     """Estimated exposure ``theta_d = E_y[theta_{rank(d)}]`` (Eq. 32) with the exposure-based
     gradient estimator as its Jacobian.
 
@@ -383,7 +428,17 @@ def exposure(logits, position_weight, key, n_samples, *, where=None, baseline=Tr
     return magic_box(pl.mean_samples(per_sample), surrogate)
 
 
-def exposure_utility(logits, relevance, position_weight, key, n_samples, *, where=None, baseline=True, corrected=True):
+def exposure_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+    baseline: bool = True,
+    corrected: bool = True,
+) -> jax.Array:
     """Exposure-based utility (Eq. 35): ``sum_d rho_d theta_d`` with the exposure estimator."""
     expo = exposure(logits, position_weight, key, n_samples, where=where, baseline=baseline, corrected=corrected)
     rel = relevance.astype(jnp.float32)
@@ -481,7 +536,15 @@ _plrank3.defvjp(_plrank3_fwd, _plrank3_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("n_samples",))
-def plrank3_utility(logits, relevance, position_weight, key, n_samples, *, where=None):
+def plrank3_utility(
+    logits: jax.Array,
+    relevance: jax.Array,
+    position_weight: jax.Array,
+    key: jax.Array,
+    n_samples: int,
+    *,
+    where: jax.Array | None = None,
+) -> jax.Array:
     """PL-Rank-3 (Eq. 21; Oosterhuis 2022): utility estimate with a custom gradient.
 
     ``grad_d = (1/N) sum_i PR_{y,d} + e^{f(d)} (rho_d DR_{y,d} - RI_{y,d})`` with suffix

@@ -493,8 +493,13 @@ def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
             elementary = [jnp.ones((n, n_nodes), jnp.float32)]  # e_k of the x_j (Newton's identities)
             for j in range(1, n_slots):
                 elementary.append(
-                    sum((1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r] for r in range(1, j + 1))
-                    / j
+                    jnp.asarray(
+                        sum(
+                            (1.0 if r % 2 else -1.0) * power_sums[..., r - 1] * elementary[j - r]
+                            for r in range(1, j + 1)
+                        )
+                        / j
+                    )
                 )
             table = [p0 * e for e in elementary]
         else:
@@ -508,14 +513,14 @@ def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
         return pmf * stay[None] + shifted * done[None], None
 
     scale = jnp.exp(top - 18.0 - s_hi + mid)  # 0 for -inf
-    table, _ = jax.lax.scan(add_items, jnp.stack(table), scale.T)
-    table = jax.lax.optimization_barrier(jnp.where(kept[None], table, 0.0))
+    pmfs, _ = jax.lax.scan(add_items, jnp.stack(table), scale.T)
+    pmfs = jax.lax.optimization_barrier(jnp.where(kept[None], pmfs, 0.0))
 
     rate = (
         jnp.where(r_valid, jnp.exp(r_logit - 18.0 - s_hi + mid), 0.0)[:, :, None] * e_node[None, None, :]
     )  # [n, L, Q]
     stay, done = jax.lax.optimization_barrier((jnp.exp(-rate), -jnp.expm1(-rate)))
-    prefix = [list(table)]  # prefix[l]: the table times the ranked items before slot l
+    prefix = [list(pmfs)]  # prefix[l]: the table times the ranked items before slot l
     for j in range(n_slots - 1):
         prefix.append(list(jax.lax.optimization_barrier(jnp.stack(_mul_linear(prefix[-1], stay[:, j], done[:, j])))))
     suffix = [[jnp.ones((n, n_nodes), jnp.float32)]]  # suffix[i]: ranked items after slot L-1-i
@@ -713,6 +718,7 @@ def insertion_slot_marginals(
     lp_others = jnp.where(before, lp_y[:, None] - jnp.where(skip_finite, skip, 0.0), lp_next[:, None])
     log_prefix = jnp.sum(jnp.where(earlier & skip_finite, lp_others, 0.0), axis=2)  # [N, L(l), R]
     place = jnp.where(a_valid[None], jnp.exp(jnp.minimum(log_place, 0.0)), 0.0)
+    b: jax.Array | float
     if baseline == "logged":
         b, place, log_prefix = place[-1:], place[:-1], log_prefix[:-1]
     elif baseline == "leave-one-out":

@@ -111,19 +111,19 @@ def _materialised(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.stack([x, lowest], axis=-1), axis=-1)
 
 
-def _sort_small(keys: list, *values: list):
+def _sort_small(keys: list[jax.Array], *values: list[jax.Array]) -> tuple[list[jax.Array], ...]:
     """Sort a handful of ``[..]`` arrays by ``keys``, carrying ``values`` along, by
     compare-and-swap passes (an argsort over 2-3 entries costs more than the sampler)."""
-    keys, values = list(keys), [list(v) for v in values]
-    for end in range(len(keys) - 1, 0, -1):
+    sorted_keys, sorted_values = list(keys), [list(v) for v in values]
+    for end in range(len(sorted_keys) - 1, 0, -1):
         for i in range(end):
-            swap = keys[i] > keys[i + 1]
-            for column in [keys] + values:
+            swap = sorted_keys[i] > sorted_keys[i + 1]
+            for column in [sorted_keys] + sorted_values:
                 column[i], column[i + 1] = (
                     jnp.where(swap, column[i + 1], column[i]),
                     jnp.where(swap, column[i], column[i + 1]),
                 )
-    return keys, *values
+    return sorted_keys, *sorted_values
 
 
 def _search(cumulative: jax.Array, target: jax.Array) -> jax.Array:
@@ -202,7 +202,9 @@ def sample_prefixes(
     slot_ids = jnp.arange(n_slots, dtype=jnp.int32).reshape((1,) * len(shape) + (n_slots,))
     # Per earlier slot, [N, ..]: the item, and a placed tail item's cumulative weight and
     # weight, read once when it is drawn (0 for head items).
-    placed, placed_q, placed_w = [], [], []
+    placed: list[jax.Array] = []
+    placed_q: list[jax.Array] = []
+    placed_w: list[jax.Array] = []
     head_left = jnp.ones(shape + (n_slots,), bool)
     for slot in range(n_slots):
         removed_total = sum(placed_w, jnp.zeros(shape, jnp.float32))
