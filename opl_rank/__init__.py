@@ -1,11 +1,11 @@
 """opl_rank: offline learning of ranking policies from logged bandit feedback.
 
-Layers, each importing only those before it: :mod:`opl_rank.pl` (Plackett-Luce maths,
-marginals, PL policy-gradient estimators); the shared core (:mod:`~opl_rank.data`,
-:mod:`~opl_rank.optimization`, :mod:`~opl_rank.scorers`, :mod:`~opl_rank.metrics`,
-:mod:`~opl_rank.prng`, :mod:`~opl_rank.tuning`); :mod:`opl_rank.opl` (off-policy learning
-and evaluation); :mod:`opl_rank.ltr` (learning to rank from labels and clicks);
-:mod:`opl_rank.io` (tables, saved policies, interop). The names below are the stable API.
+Layers, each importing only those before it: [`opl_rank.pl`][opl_rank.pl] (Plackett-Luce maths,
+marginals, PL policy-gradient estimators); the shared core ([`data`][opl_rank.data],
+[`optimization`][opl_rank.optimization], [`scorers`][opl_rank.scorers], [`metrics`][opl_rank.metrics],
+[`prng`][opl_rank.prng], [`tuning`][opl_rank.tuning]); [`opl_rank.opl`][opl_rank.opl] (off-policy learning
+and evaluation); [`opl_rank.ltr`][opl_rank.ltr] (learning to rank from labels and clicks);
+[`opl_rank.io`][opl_rank.io] (tables, saved policies, interop). The names below are the stable API.
 
 ``import opl_rank`` needs only jax, flax, optax and numpy.
 """

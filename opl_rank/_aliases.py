@@ -1,6 +1,6 @@
 """Old module paths (before 0.2.0's ``pl`` / ``opl`` / ``ltr`` / ``io`` layout), kept for one
 release: ``import opl_rank.learners`` still works, returns the very module
-:mod:`opl_rank.opl.learners` (so patches and ``isinstance`` checks agree) and warns once with
+[`opl_rank.opl.learners`][opl_rank.opl.learners] (so patches and ``isinstance`` checks agree) and warns once with
 the new path. Removed in 0.3.0.
 """
 

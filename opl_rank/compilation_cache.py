@@ -9,7 +9,7 @@ simply misses; nothing stale is ever loaded.
 The ``opl-rank`` command enables it for every subcommand, in ``$OPL_RANK_JAX_CACHE`` or
 ``~/.cache/opl_rank/jax`` (``OPL_RANK_JAX_CACHE=""`` turns it off); sweep workers (local
 processes or Ray tasks) share the same directory. In a notebook or script, call
-:func:`enable_compilation_cache` once, at the top. The library never enables it on import:
+[`enable_compilation_cache`][enable_compilation_cache] once, at the top. The library never enables it on import:
 that is the user's choice of where to write.
 """
 
@@ -39,7 +39,7 @@ def enable_compilation_cache(
     """Point JAX's persistent compilation cache at ``cache_dir`` for this process.
 
     Args:
-      cache_dir: a directory (created if missing); None: :func:`default_cache_dir`, which
+      cache_dir: a directory (created if missing); None: [`default_cache_dir`][default_cache_dir], which
         may say the cache is off.
       min_compile_seconds: compiles shorter than this are not written.
 

@@ -129,7 +129,7 @@ class LoggedData(struct.PyTreeNode):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LoggedData:
-        """Read what :meth:`save` wrote (validated again).
+        """Read what [`save`][save] wrote (validated again).
 
         Raises:
           FileNotFoundError: no such file.
@@ -187,7 +187,7 @@ class LoggedData(struct.PyTreeNode):
         return tabular.from_pandas(frame, n_items=n_items, position_weight=position_weight, alpha=alpha)
 
     def to_pandas(self) -> Any:
-        """A DataFrame in :meth:`from_pandas`'s schema (cells are NumPy arrays of the stored
+        """A DataFrame in [`from_pandas`][from_pandas]'s schema (cells are NumPy arrays of the stored
         dtypes); ``n_items``, the position weights and shared item features in ``frame.attrs["opl_rank"]``."""
         from opl_rank.io import tabular
 
@@ -197,19 +197,19 @@ class LoggedData(struct.PyTreeNode):
     def from_parquet(
         cls, path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
     ) -> LoggedData:
-        """Read a Parquet file in :meth:`from_pandas`'s schema; dataset-level values from its
-        key-value metadata ``opl_rank`` (JSON), as :meth:`to_parquet` writes them.
+        """Read a Parquet file in [`from_pandas`][from_pandas]'s schema; dataset-level values from its
+        key-value metadata ``opl_rank`` (JSON), as [`to_parquet`][to_parquet] writes them.
 
         Raises:
           FileNotFoundError: no such file.
-          ValueError: naming the file (and the column and row), as :meth:`from_pandas`.
+          ValueError: naming the file (and the column and row), as [`from_pandas`][from_pandas].
         """
         from opl_rank.io import tabular
 
         return tabular.from_parquet(path, n_items=n_items, position_weight=position_weight, alpha=alpha)
 
     def to_parquet(self, path: str | os.PathLike) -> None:
-        """Write a Parquet file atomically (reads back exactly with :meth:`from_parquet`)."""
+        """Write a Parquet file atomically (reads back exactly with [`from_parquet`][from_parquet])."""
         from opl_rank.io import tabular
 
         tabular.to_parquet(self, path)
@@ -226,7 +226,7 @@ class LoggedData(struct.PyTreeNode):
 
     def to_csv(self, path: str | os.PathLike) -> None:
         """Write a CSV file (JSON list cells, constant ``n_items`` / ``position_weight``
-        columns) atomically; item features cannot be written (use :meth:`to_parquet`)."""
+        columns) atomically; item features cannot be written (use [`to_parquet`][to_parquet])."""
         from opl_rank.io import tabular
 
         tabular.to_csv(self, path)

@@ -1,7 +1,7 @@
 """Memory budgets checked before large work starts: a clear error, not a kill by the OOM killer.
 
 Logged data live on the host as NumPy chunks, are concatenated, then copied into JAX
-arrays: about :data:`ASSEMBLY_COPIES` copies of the final arrays exist at the peak.
+arrays: about [`ASSEMBLY_COPIES`][ASSEMBLY_COPIES] copies of the final arrays exist at the peak.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def logged_data_bytes(
     position_marginals: bool = False,
     item_mask: bool = False,
 ) -> int:
-    """Bytes of a :class:`~opl_rank.data.LoggedData` of ``n`` rows: contexts ``[n, dx]``,
+    """Bytes of a [`LoggedData`][opl_rank.data.LoggedData] of ``n`` rows: contexts ``[n, dx]``,
     rankings, rewards and prefix propensities ``[n, L]`` (4 bytes each), optional position
     marginals ``[n, L]`` and an item mask ``[n, D]`` (1 byte)."""
     per_row = 4 * (context_dim + (4 if position_marginals else 3) * ranking_length)
@@ -49,7 +49,7 @@ def logged_data_bytes(
 
 
 def require(needed: int, what: str, hint: str = "") -> None:
-    """Raise :class:`MemoryBudgetError` if ``needed`` bytes exceed the available memory.
+    """Raise [`MemoryBudgetError`][MemoryBudgetError] if ``needed`` bytes exceed the available memory.
 
     Args:
       needed: bytes the work will hold at its peak.

@@ -43,7 +43,7 @@ def dcg_position_weights(n_slots: int) -> jax.Array:
 
 
 #: DCG position weights ``1 / log2(l + 1)``, ``l = 1..k`` (float32 ``[k]``); the same
-#: function as :func:`dcg_position_weights`.
+#: function as [`dcg_position_weights`][dcg_position_weights].
 dcg_weights = dcg_position_weights
 
 _GAINS = ("exp2", "linear")
@@ -139,7 +139,7 @@ def dcg_at_k(
     ``DCG@k = sum_{r=1}^{min(k, D)} g(label_{y_r}) / log2(r + 1)`` with gain
     ``g(l) = 2^l - 1`` (``gain="exp2"``, the LETOR convention) or ``g(l) = l``
     (``gain="linear"``, scikit-learn's ``dcg_score``), i.e. the DCG position weights
-    (:func:`dcg_weights`, the ``alpha_k`` of Eq. 2) applied to the ranked gains.
+    ([`dcg_weights`][dcg_weights], the ``alpha_k`` of Eq. 2) applied to the ranked gains.
 
     Ranking: masked documents are placed after all real ones; equal scores are broken by
     document index (lower index ranked first); NaN scores rank as ``-inf``. ``k`` may
@@ -176,7 +176,7 @@ def ndcg_at_k(
     """NDCG@k: DCG@k of the ``scores`` ranking divided by the ideal DCG@k.
 
     ``NDCG@k = DCG@k(scores) / DCG@k(labels)`` (the ideal ranking sorts by label); see
-    :func:`dcg_at_k` for the gains, the discount and the tie-break. Queries whose ideal
+    [`dcg_at_k`][dcg_at_k] for the gains, the discount and the tie-break. Queries whose ideal
     DCG@k is 0 (all labels 0, or no valid documents) get NDCG = 0, as in scikit-learn's
     ``ndcg_score``; the result is never NaN. Values lie in ``[0, 1]``.
 
@@ -211,7 +211,7 @@ def average_precision(
     ``AP = (1 / R) sum_k 1{doc at k relevant} * precision@k`` over the whole list, a
     document being relevant when its label is ``>= threshold`` (default 1: any non-zero
     grade, as LightGBM's ``map``); ``R`` is the number of relevant real documents. Queries
-    without relevant documents get 0. Ties break by document index, as in :func:`dcg_at_k`.
+    without relevant documents get 0. Ties break by document index, as in [`dcg_at_k`][dcg_at_k].
 
     Args:
       scores: ``[.., D]``.

@@ -1,9 +1,9 @@
 """The one minibatch training loop: reward models, OPL policies, LTR and pairwise rankers.
 
-:func:`train` is a pure function of arrays -- the whole run (epochs of shuffled fixed-size
+[`train`][train] is a pure function of arrays -- the whole run (epochs of shuffled fixed-size
 batches, optax steps, optional early stopping on a validation loss) is one ``lax.scan`` --
-so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds (:func:`opl_rank.opl.learners.fit_seeds`).
-:func:`minimize` is its jit-compiled, checked entry point: compiled once per (loss function,
+so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds ([`opl_rank.opl.learners.fit_seeds`][opl_rank.opl.learners.fit_seeds]).
+[`minimize`][minimize] is its jit-compiled, checked entry point: compiled once per (loss function,
 optimiser, batch size, epochs, data shapes) and reused for new seeds, ``lambda`` values or
 reward-model parameters passed as ``aux``.
 
@@ -66,7 +66,7 @@ def make_optimizer(name: str, learning_rate: float, weight_decay: float = 0.0) -
     """An optax optimiser by name; one object per setting, so compiled runs are reused.
 
     Args:
-      name: one of :data:`OPTIMIZERS`.
+      name: one of [`OPTIMIZERS`][OPTIMIZERS].
       learning_rate: step size (> 0).
       weight_decay: decoupled weight decay (``adamw`` only).
     """
@@ -91,7 +91,7 @@ class TrainConfig:
       patience: stop after this many epochs without a lower validation loss (None: no
         early stopping); the best parameters are returned. Needs validation rows.
       progress: print one line per epoch to stderr.
-      optimizer: a name in :data:`OPTIMIZERS` (``minimize(..., optimizer=...)`` takes any
+      optimizer: a name in [`OPTIMIZERS`][OPTIMIZERS] (``minimize(..., optimizer=...)`` takes any
         ``optax.GradientTransformation`` instead).
       weight_decay: decoupled weight decay (``adamw``).
       devices: data parallelism. None (default): one device, as without this option. An
@@ -146,7 +146,7 @@ class TrainResult(NamedTuple):
     """Parameters and the per-epoch history.
 
     ``history`` is a list of dicts (``epoch``, ``train_loss``, ``valid_loss`` with
-    validation rows, plus ``metrics_fn``'s values) from :func:`minimize`; from :func:`train`
+    validation rows, plus ``metrics_fn``'s values) from [`minimize`][minimize]; from [`train`][train]
     it is a dict of ``[epochs]`` arrays (with ``active``: the epoch ran) -- pure, vmappable.
     """
 
@@ -250,25 +250,26 @@ def train(
       loss_fn: ``(params, batch, key, aux) -> scalar``.
       optimizer: any ``optax.GradientTransformation``.
       params: initial parameters.
-      data: a :class:`~opl_rank.data.LoggedData` (batches are LoggedData), a pair
+      data: a [`LoggedData`][opl_rank.data.LoggedData] (batches are LoggedData), a pair
         ``(LoggedData, {name: [n, ..]})`` of logged rows and per-row arrays computed once
         before training (batches are such pairs), or a dict of arrays sharing a leading
         axis ``n`` (batches are dicts).
       key: PRNG key (shuffles, step keys, validation keys).
-      epochs, batch_size: Python ints (``batch_size`` is capped at ``n``).
+      epochs: a Python int.
+      batch_size: a Python int (capped at ``n``).
       aux: extra arrays the loss reads.
       valid: validation rows, same kind as ``data``.
       valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
       patience: early stopping (needs ``valid``).
       metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
-      listener: an int32 token from :func:`listen`: its host callback receives every
+      listener: an int32 token from [`listen`][listen]: its host callback receives every
         epoch's record as the run goes (progress, timing); results do not depend on it.
-      devices: data parallelism (static; see :class:`TrainConfig`): None, a device count
-        or ``"all"``. Call through :func:`train_jit`, which also replicates the inputs on
+      devices: data parallelism (static; see [`TrainConfig`][TrainConfig]): None, a device count
+        or ``"all"``. Call through [`train_jit`][train_jit], which also replicates the inputs on
         the devices.
 
     Returns:
-      :class:`TrainResult` with history arrays ``[epochs]``.
+      [`TrainResult`][TrainResult] with history arrays ``[epochs]``.
     """
     n = _n_rows(data)
     batch = min(batch_size, n)
@@ -400,7 +401,7 @@ class _WithLower(Generic[_P, _R]):
 
 
 def _with_lower(lower: Callable[..., Any]) -> Callable[[Callable[_P, _R]], _WithLower[_P, _R]]:
-    """Decorator: the function with ``lower`` attached (see :class:`_WithLower`)."""
+    """Decorator: the function with ``lower`` attached (see [`_WithLower`][_WithLower])."""
     return lambda fn: _WithLower(fn, lower)
 
 
@@ -408,7 +409,7 @@ def _with_lower(lower: Callable[..., Any]) -> Callable[[Callable[_P, _R]], _With
 def train_jit(
     loss_fn: LossFn, optimizer: optax.GradientTransformation, params: Any, data: Any, key: jax.Array, **options: Any
 ) -> TrainResult:
-    """:func:`train`, jit-compiled (static: the functions, the optimiser and the ints).
+    """[`train`][train], jit-compiled (static: the functions, the optimiser and the ints).
 
     With ``devices`` set the concrete inputs are first replicated on the mesh's devices
     (arrays committed to one device could not meet a computation over several).
@@ -500,10 +501,10 @@ def minimize(
       loss_fn: ``(params, batch, key, aux) -> scalar``; jit-able. Pass the same function
         object across fits to reuse its compilation.
       params: initial parameters (any pytree).
-      data: training rows: a :class:`LoggedData` or a dict of arrays sharing a leading
+      data: training rows: a [`LoggedData`][LoggedData] or a dict of arrays sharing a leading
         axis ``n`` (e.g. pairs of rounds, or queries).
       key: PRNG key (shuffles and the loss's own sampling).
-      config: :class:`TrainConfig`.
+      config: [`TrainConfig`][TrainConfig].
       optimizer: an ``optax.GradientTransformation`` (default: ``config.make_optimizer()``;
         reuse one object across fits to reuse its compilation).
       aux: extra arrays the loss reads (e.g. a fitted reward model's parameters).
@@ -515,7 +516,7 @@ def minimize(
       name: what is trained, for error messages.
 
     Returns:
-      :class:`TrainResult` with the final (or, with early stopping, best) parameters and
+      [`TrainResult`][TrainResult] with the final (or, with early stopping, best) parameters and
       one history dict per epoch that ran.
     """
     if on_epoch is None and config.progress:

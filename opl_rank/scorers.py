@@ -2,7 +2,7 @@
 
 ``MLPScorer`` scores query-document feature vectors pointwise (LETOR-style candidates):
 ``[.., D, F] -> [.., D]``; ``ActionScorer`` and ``ItemFeatureScorer`` score a fixed action
-set from a context. The ranking policies of :mod:`opl_rank.opl.policies` wrap these.
+set from a context. The ranking policies of [`opl_rank.opl.policies`][opl_rank.opl.policies] wrap these.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class ActionScorer(nn.Module):
 class ItemFeatureScorer(nn.Module):
     """A shared per-item scorer over item features packed into the context.
 
-    LETOR-style environments (e.g. :mod:`simulators.semi_synthetic`) put the ``D``
+    LETOR-style environments (e.g. [`simulators.semi_synthetic`][simulators.semi_synthetic]) put the ``D``
     candidates' ``F`` features first in the context, flattened item-major:
     ``context[..., :D*F]``; anything after them (such as a query index) is ignored. Every
     item gets the same MLP (``hidden=()``: linear), so the scorer generalises across
@@ -101,7 +101,7 @@ class ItemFeatureScorer(nn.Module):
 
 
 def make_scorer(n_items: int, hidden: Sequence[int] = (), item_feature_dim: int | None = None) -> nn.Module:
-    """:class:`ActionScorer` (``item_feature_dim=None``) or :class:`ItemFeatureScorer`."""
+    """[`ActionScorer`][ActionScorer] (``item_feature_dim=None``) or [`ItemFeatureScorer`][ItemFeatureScorer]."""
     if item_feature_dim is None:
         return ActionScorer(n_items=n_items, hidden=tuple(hidden))
     return ItemFeatureScorer(n_items=n_items, n_features=item_feature_dim, hidden=tuple(hidden))

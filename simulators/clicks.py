@@ -223,7 +223,8 @@ def simulate_swap_intervention(
       key: PRNG key.
       click_model: the users' (unknown to the estimator) browsing model.
       relevance_prob: ``[n, K]`` relevance probabilities of the ranker's lists.
-      k1, k2: 1-based ranks, ``2 < k1 < k2 <= K`` (so the swapped pairs do not overlap).
+      k1: a 1-based rank, ``2 < k1 < k2 <= K`` (so the swapped pairs do not overlap).
+      k2: the other 1-based rank.
       swap_share: share of requests that get the swap, in (0, 1).
 
     Returns:

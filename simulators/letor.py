@@ -371,7 +371,7 @@ def _check_dense_size(
     )
 
 
-def normalize_per_query(features, mask, method: str = "minmax") -> np.ndarray:
+def normalize_per_query(features: np.ndarray, mask: np.ndarray, method: str = "minmax") -> np.ndarray:
     """Normalizes each feature within each query over its real documents.
 
     ``"minmax"`` maps each (query, feature) to [0, 1] as ``(x - min) / (max - min)``;
@@ -408,7 +408,7 @@ def normalize_per_query(features, mask, method: str = "minmax") -> np.ndarray:
     return np.where(m3 & varies, out, 0.0).astype(np.float32)
 
 
-def take_queries(data: LetorData, idx) -> LetorData:
+def take_queries(data: LetorData, idx: np.ndarray) -> LetorData:
     """Selects queries (rows) of a [`LetorData`][LetorData], keeping Dmax and F unchanged.
 
     Args:

@@ -1,4 +1,4 @@
-"""The Open Bandit Dataset (OBD) as position-wise :class:`~opl_rank.data.LoggedData`.
+"""The Open Bandit Dataset (OBD) as position-wise [`LoggedData`][opl_rank.data.LoggedData].
 
 The OBD (Saito et al., 2020) is ZOZOTOWN's fashion-recommendation log: 80 items ("all"
 campaign; 34 "men", 46 "women"), 3 positions, clicks as rewards, logged by two policies
@@ -15,26 +15,26 @@ the three rows of one shown slate are almost never all present and cannot be rea
 position (``1/80 = 0.0125`` for Random, a Monte Carlo estimate that changes through the week
 for BTS), which is exactly what a position-wise (IIPS-type) estimator needs and no more.
 
-**What the converter builds.** :func:`from_obd` makes one round per row with ``L = 1``:
+**What the converter builds.** [`from_obd`][from_obd] makes one round per row with ``L = 1``:
 ``ranking [n, 1]`` the item, ``reward [n, 1]`` the click, and ``log_pi0_prefix`` =
 ``log_pi0_position_marginal`` = ``log(pscore)`` (for a one-slot "ranking" at a given
 position, the prefix probability *is* the position marginal). The position is part of the
 context: ``context = [one_hot(position, len_list), obp's user features]``, so a policy whose
-item probabilities depend on the position (:class:`PositionwisePolicy`) reads it from there.
+item probabilities depend on the position ([`PositionwisePolicy`][PositionwisePolicy]) reads it from there.
 With ``L = 1`` opl_rank's ``ips``, ``iips`` and ``rips`` coincide: the estimate is
 ``mean_i r_i pi_e(a_i at p_i) / pi_0(a_i at p_i)``, the per-row click rate of the
 evaluation policy -- the same quantity obp's ``InverseProbabilityWeighting`` estimates on
 the OBD, and the same scale as the on-policy click rate ``mean(click)`` of BTS's own logs.
 
-**The standard check** (:func:`bts_from_random`): BTS's value estimated from the Random logs
+**The standard check** ([`bts_from_random`][bts_from_random]): BTS's value estimated from the Random logs
 against BTS's on-policy click rate, with obp's estimate on the same data next to it. BTS
-as the evaluation policy is obp's static version: :func:`bts_action_dist` is
+as the evaluation policy is obp's static version: [`bts_action_dist`][bts_action_dist] is
 ``BernoulliTS(is_zozotown_prior=True, campaign=...).compute_batch_action_dist`` (the
 production prior at the start of data collection), vectorised and equal to obp's own.
 
 obp 0.5.7's ``OpenBanditDataset.pre_process`` fails on recent pandas (3.1 here:
 ``drop(columns=..., axis=1)`` is an error) and its ``load_raw_data`` sorts with ``inplace=True`` (deprecated in pandas 3);
-:func:`load_obd` uses a subclass that does the same work without either.
+[`load_obd`][load_obd] uses a subclass that does the same work without either.
 obp is imported lazily: importing this module does not need it.
 """
 
@@ -153,16 +153,16 @@ def from_obd(bandit_feedback: Mapping[str, Any], *, len_list: int | None = None)
     """Position-wise logged data from obp's OBD bandit feedback: one round per row, ``L = 1``.
 
     Args:
-      bandit_feedback: :func:`load_obd`'s dict (obp's ``OpenBanditDataset`` layout: one row
+      bandit_feedback: [`load_obd`][load_obd]'s dict (obp's ``OpenBanditDataset`` layout: one row
         per (impression, position), ``position`` 0-based, ``pscore`` the item's marginal
         probability at that position under the logging policy).
       len_list: the number of positions (default: ``max(position) + 1``, 3 on the OBD).
 
     Returns:
-      :class:`LoggedData` with ``ranking [n, 1]`` the item, ``reward [n, 1]`` the click,
+      [`LoggedData`][LoggedData] with ``ranking [n, 1]`` the item, ``reward [n, 1]`` the click,
       ``log_pi0_prefix`` and ``log_pi0_position_marginal`` both ``log(pscore)``,
       ``position_weight = [1]``, ``context = [one_hot(position, len_list), context]``
-      (:func:`positions` reads the position back), ``item_features`` the item context and
+      ([`positions`][positions] reads the position back), ``item_features`` the item context and
       ``n_items`` the larger of ``n_actions`` and the item context's rows.
 
     Raises:
@@ -210,7 +210,7 @@ def from_obd(bandit_feedback: Mapping[str, Any], *, len_list: int | None = None)
 
 
 def positions(context: Any, len_list: int) -> jax.Array:
-    """The 0-based position of each row of :func:`from_obd`'s context (its first ``len_list`` columns)."""
+    """The 0-based position of each row of [`from_obd`][from_obd]'s context (its first ``len_list`` columns)."""
     return jnp.argmax(jnp.asarray(context)[:, :len_list], axis=1)
 
 
@@ -257,14 +257,14 @@ def bts_action_dist(
 class PositionwisePolicy:
     """A context-free evaluation policy given by its item distribution at each position.
 
-    A :class:`~opl_rank.opl.policies.RankingPolicy` over :func:`from_obd`'s one-slot rounds:
+    A [`RankingPolicy`][opl_rank.opl.policies.RankingPolicy] over [`from_obd`][from_obd]'s one-slot rounds:
     at position ``p`` (read from the context's one-hot columns) it shows item ``a`` with
     probability ``action_dist[a, p]``. Its propensities of a logged row are that probability,
     as prefix and as slot marginal.
 
     Attributes:
       action_dist: ``[n_items, len_list]``, each column a distribution (obp's
-        ``action_dist[0]`` for a context-free policy, e.g. :func:`bts_action_dist`).
+        ``action_dist[0]`` for a context-free policy, e.g. [`bts_action_dist`][bts_action_dist]).
     """
 
     action_dist: Any
@@ -383,7 +383,7 @@ def bts_from_random(
 ) -> list[dict[str, Any]]:
     """The OBD's standard check: BTS's click rate estimated from the Random logs.
 
-    opl_rank's ``ips`` (= ``iips`` here) and ``snips`` via :func:`opl_rank.opl.ope.evaluate` with
+    opl_rank's ``ips`` (= ``iips`` here) and ``snips`` via [`opl_rank.opl.ope.evaluate`][opl_rank.opl.ope.evaluate] with
     normal intervals (delta method for snips), obp's IPW / SNIPW with its bootstrap intervals,
     and BTS's on-policy click rate, all for one campaign.
 

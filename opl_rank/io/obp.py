@@ -1,4 +1,4 @@
-"""obp's slate bandit feedback <-> :class:`opl_rank.data.LoggedData`.
+"""obp's slate bandit feedback <-> [`opl_rank.data.LoggedData`][opl_rank.data.LoggedData].
 
 obp (Open Bandit Pipeline) stores slate logs flattened over (round, slot): ``slate_id``,
 ``action``, ``position``, ``reward`` of length ``n * L``, and propensities per entry --
@@ -113,7 +113,7 @@ def from_obp_slate(bandit_feedback: Mapping[str, Any], *, position_weight: Any =
         a context that is not ``[n_rounds, dim_context]``, or propensities outside (0, 1].
 
     Returns:
-      :class:`LoggedData` with ``log_pi0_prefix`` from ``pscore_cascade`` and, when present,
+      [`LoggedData`][LoggedData] with ``log_pi0_prefix`` from ``pscore_cascade`` and, when present,
       ``log_pi0_position_marginal`` from ``pscore_item_position``.
     """
     missing = [

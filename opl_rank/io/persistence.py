@@ -12,20 +12,20 @@ A saved policy is a directory holding
                    arrays are stored bit for bit, so a loaded policy ranks exactly as the
                    saved one).
 
-:func:`save_policy` writes both files atomically, the parameters first; :func:`load_policy`
+[`save_policy`][save_policy] writes both files atomically, the parameters first; [`load_policy`][load_policy]
 checks the format version, the checksum and the parameters' shapes against the spec (a
 ``jax.eval_shape`` of the rebuilt modules' ``init``) and names the offending file in every
-error. Supported: :class:`~opl_rank.opl.policies.PLPolicy`,
-:class:`~opl_rank.opl.policies.RegressionPolicy` and :class:`~opl_rank.opl.policies.TwoStagePolicy`
-over the scorers of :func:`opl_rank.scorers.make_scorer` and the reward models of
-:func:`opl_rank.opl.reward_models.fit_reward_model` (any kind), and any policy class
-registered with :func:`register_policy_class`. The layout is described in
+error. Supported: [`PLPolicy`][opl_rank.opl.policies.PLPolicy],
+[`RegressionPolicy`][opl_rank.opl.policies.RegressionPolicy] and [`TwoStagePolicy`][opl_rank.opl.policies.TwoStagePolicy]
+over the scorers of [`opl_rank.scorers.make_scorer`][opl_rank.scorers.make_scorer] and the reward models of
+[`opl_rank.opl.reward_models.fit_reward_model`][opl_rank.opl.reward_models.fit_reward_model] (any kind), and any policy class
+registered with [`register_policy_class`][register_policy_class]. The layout is described in
 docs/data_format.md.
 
 Each policy class writes and reads its own spec (``to_spec(writer)`` returning
-:class:`~opl_rank.opl.policies.PolicyParts`, the classmethod ``from_spec(spec, arrays,
+[`PolicyParts`][opl_rank.opl.policies.PolicyParts], the classmethod ``from_spec(spec, arrays,
 reader)``); this module only keeps the registry of spec names (``"class"`` in the spec)
-and the helpers for nested parts: :class:`SpecWriter` and :class:`SpecReader` save and
+and the helpers for nested parts: [`SpecWriter`][SpecWriter] and [`SpecReader`][SpecReader] save and
 rebuild policies (a two-stage policy's first stage is a saved policy spec of its own),
 scorers and reward models.
 """
@@ -79,11 +79,11 @@ _POLICY_CLASSES: dict[str, type[Any]] = {}
 
 
 def register_policy_class(cls: type | None = None, *, name: str | None = None, replace: bool = False) -> Any:
-    """Let :func:`save_policy` and :func:`load_policy` handle the policy class ``cls``.
+    """Let [`save_policy`][save_policy] and [`load_policy`][load_policy] handle the policy class ``cls``.
 
     Usable as a decorator (``@register_policy_class``) or a call. The class provides
     ``to_spec(self, writer) -> PolicyParts`` and the classmethod ``from_spec(spec, arrays,
-    reader)`` (:class:`~opl_rank.opl.policies.RankingPolicy`); it is saved under ``name``
+    reader)`` ([`RankingPolicy`][opl_rank.opl.policies.RankingPolicy]); it is saved under ``name``
     (default: its ``spec_name`` attribute, else its ``__name__``), the spec's ``"class"``.
 
     Args:
@@ -144,9 +144,9 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
 
     Args:
       policy: a PLPolicy, RegressionPolicy or TwoStagePolicy, or an instance of a class
-        registered with :func:`register_policy_class`.
+        registered with [`register_policy_class`][register_policy_class].
       directory: where to write ``policy.json`` and ``params.msgpack``.
-      config: optionally the :class:`~opl_rank.opl.learners.LearnerConfig` (or any dataclass
+      config: optionally the [`LearnerConfig`][opl_rank.opl.learners.LearnerConfig] (or any dataclass
         or JSON-able dict) that produced the policy; stored in the spec for reference.
       metadata: optionally a JSON-able dict stored as is (data file, seed, ...).
 
@@ -249,7 +249,7 @@ class SpecWriter:
     """What a policy's ``to_spec(writer)`` saves its nested parts with."""
 
     def policy(self, policy: Any) -> PolicyParts:
-        """A (nested) policy's :class:`~opl_rank.opl.policies.PolicyParts`, its spec led by
+        """A (nested) policy's [`PolicyParts`][opl_rank.opl.policies.PolicyParts], its spec led by
         ``"class"`` (its registered name).
 
         Raises:
@@ -335,7 +335,7 @@ def read_policy_spec(directory: str | os.PathLike) -> dict:
 
 
 def load_policy(directory: str | os.PathLike) -> Any:
-    """Rebuild a policy written by :func:`save_policy`.
+    """Rebuild a policy written by [`save_policy`][save_policy].
 
     Raises:
       FileNotFoundError: a missing directory or file (named).
@@ -438,7 +438,7 @@ class SpecReader:
         return module, self.restore(template, params, "scorer")
 
     def reward_model(self, spec: dict, arrays: Any) -> RewardModel:
-        """A reward model of :func:`~opl_rank.opl.reward_models.fit_reward_model`."""
+        """A reward model of [`fit_reward_model`][opl_rank.opl.reward_models.fit_reward_model]."""
         return _build_reward(spec, arrays, self.context_dim, self.path)
 
     def restore(self, template: Any, params: Any, what: str) -> Any:

@@ -9,10 +9,10 @@ The on-disk schema (docs/data_format.md) has one row per logged round with list 
   pi0_prefix                 list[float] (L)      the probabilities themselves, in (0, 1]
   log_pi0_position_marginal  list[float] (L)    optional (IIPS), or pi0_position_marginal
   item_mask                  list[bool] (D)     optional, True for real candidates
-  item_features              list[list[float]]  optional, per-round [D][di]
+  item_features              list[list[float]]  optional, per-round ``[D][di]``
 
 and dataset-level values -- ``n_items`` (D), ``position_weight`` (alpha, [L]) and shared
-``item_features`` ([D][di]) -- in the Parquet file's key-value metadata under the key
+``item_features`` (``[D][di]``) -- in the Parquet file's key-value metadata under the key
 ``opl_rank`` (a JSON object; ``DataFrame.attrs["opl_rank"]`` in pandas), or as constant
 columns ``n_items`` / ``position_weight`` (alias ``alpha``), or as keyword arguments; when
 none gives them, ``n_items`` is inferred and alpha defaults to DCG.
@@ -497,7 +497,7 @@ def from_pandas(
     source: str = "DataFrame",
     row_note: Callable[[int], str] | None = None,
 ) -> Any:
-    """:meth:`opl_rank.data.LoggedData.from_pandas` (``source`` names the table in errors)."""
+    """[`opl_rank.data.LoggedData.from_pandas`][opl_rank.data.LoggedData.from_pandas] (``source`` names the table in errors)."""
     pd = _require("pandas", "LoggedData.from_pandas")
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"from_pandas needs a pandas DataFrame, got {type(frame).__name__}")
@@ -554,7 +554,7 @@ def _list_array(pa: Any, values: np.ndarray) -> Any:
 
 
 def to_pandas(data: Any) -> Any:
-    """:meth:`opl_rank.data.LoggedData.to_pandas`."""
+    """[`opl_rank.data.LoggedData.to_pandas`][opl_rank.data.LoggedData.to_pandas]."""
     _require("pandas", "LoggedData.to_pandas")
     table = _table(data)
     frame = table.to_pandas()
@@ -603,7 +603,7 @@ def read_table(path: str | os.PathLike) -> tuple[Any, dict | None]:
 def from_parquet(
     path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
 ) -> Any:
-    """:meth:`opl_rank.data.LoggedData.from_parquet`."""
+    """[`opl_rank.data.LoggedData.from_parquet`][opl_rank.data.LoggedData.from_parquet]."""
     table, meta = read_table(path)
     shown = os.fspath(path)
     names = table.column_names
@@ -620,7 +620,7 @@ def from_parquet(
 
 
 def to_parquet(data: Any, path: str | os.PathLike) -> None:
-    """:meth:`opl_rank.data.LoggedData.to_parquet`."""
+    """[`opl_rank.data.LoggedData.to_parquet`][opl_rank.data.LoggedData.to_parquet]."""
     from opl_rank.io.atomic import atomic_write
 
     pq = _require("pyarrow.parquet", "LoggedData.to_parquet")
@@ -631,7 +631,7 @@ def to_parquet(data: Any, path: str | os.PathLike) -> None:
 def from_csv(
     path: str | os.PathLike, *, n_items: int | None = None, position_weight: Any = None, alpha: Any = None
 ) -> Any:
-    """:meth:`opl_rank.data.LoggedData.from_csv`."""
+    """[`opl_rank.data.LoggedData.from_csv`][opl_rank.data.LoggedData.from_csv]."""
     pd = _require("pandas", "LoggedData.from_csv")
     shown = _exists(path, "CSV")
     try:
@@ -649,7 +649,7 @@ def from_csv(
 
 
 def to_csv(data: Any, path: str | os.PathLike) -> None:
-    """:meth:`opl_rank.data.LoggedData.to_csv`."""
+    """[`opl_rank.data.LoggedData.to_csv`][opl_rank.data.LoggedData.to_csv]."""
     from opl_rank.io.atomic import atomic_write_text
 
     if data.item_features is not None:

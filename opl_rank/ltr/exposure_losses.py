@@ -123,7 +123,7 @@ def frac_fair_loss(
     zero-relevance document that receives exposure therefore has a huge ratio and
     dominates the loss (``~ E^2 / eps^2``), pushing its exposure to 0, which is the
     ``rho -> 0`` limit of Eq. 8. Raise ``eps`` to soften this, or use
-    :func:`prod_fair_loss`, which needs no division. With ``eps = 0`` and all
+    [`prod_fair_loss`][prod_fair_loss], which needs no division. With ``eps = 0`` and all
     ``rho > 0`` this is exactly Eq. 8.
 
     The pairwise sum is computed in O(D) and without cancellation as
@@ -244,7 +244,7 @@ def kl_distill_loss(
 
     Eq. 12 with Eq. 10: ``L_KL-distill = -sum_i E*'_i log(E'_i / E*'_i)``.
 
-    Same conventions as :func:`kl_fair_loss` with ``rho`` replaced by ``E*``:
+    Same conventions as [`kl_fair_loss`][kl_fair_loss] with ``rho`` replaced by ``E*``:
     documents with zero target exposure (e.g. outside the teacher's top-K) contribute 0,
     ``eps`` smooths the log, the loss is 0 when ``exposure`` is proportional to
     ``target_exposure``, and rows whose target sums to 0 give 0.

@@ -17,7 +17,7 @@ the inverse of ``E[B(e_i, e_j)]``, gives ``E[A s(c_i, c_j)] = s(r_i, r_j)``: the
 Lists are given in rank order: ``scores[:, k]`` is the model's score of the item shown at
 rank ``k + 1``, so examination probabilities are per rank (``[K]``, ``[K, K]``) or per list.
 For families with ``l11 = l00 = 0`` and ``l01(x, y) = l10(y, x)`` (RankNet, hinge) only pairs
-with a clicked item contribute: :func:`unbiased_pairwise_loss` then works on the clicked
+with a clicked item contribute: [`unbiased_pairwise_loss`][unbiased_pairwise_loss] then works on the clicked
 rows only, ``O(C * K)`` per list with ``C = max_clicks``, instead of all ``K^2`` pairs.
 """
 
@@ -140,7 +140,7 @@ def pairwise_loss(
       scores: ``[n, K]`` model scores.
       labels: ``[n, K]`` binary labels (true relevance, or clicks for the naive loss).
       where: ``[n, K]`` bool, True for real items (default all).
-      pair_loss: a name in :data:`PAIR_LOSSES` or ``(f_i, f_j) -> [..., 4]``.
+      pair_loss: a name in [`PAIR_LOSSES`][PAIR_LOSSES] or ``(f_i, f_j) -> [..., 4]``.
 
     Returns:
       ``[n]`` float32 per-list losses.
@@ -171,16 +171,16 @@ def unbiased_pairwise_loss(
       examination: ``[K]`` or ``[n, K]`` examination probabilities p_i in (0, 1].
       joint_examination: ``[K, K]`` or ``[n, K, K]`` p_ij in (0, 1] (diagonal unused).
       where: ``[n, K]`` bool, True for real items (default all).
-      pair_loss: a name in :data:`PAIR_LOSSES` (clicked-rows path) or a callable
+      pair_loss: a name in [`PAIR_LOSSES`][PAIR_LOSSES] (clicked-rows path) or a callable
         ``(f_i, f_j) -> [..., 4]`` (all ``K^2`` pairs).
-      correction: see :func:`correction_matrix`.
+      correction: see [`correction_matrix`][correction_matrix].
       max_clicks: clicked-rows path only: at most this many clicks per list are read
         (static; default ``K``, always exact). Lists with more clicks must not occur:
         checked when the arrays are concrete.
 
     Returns:
       ``[n]`` float32 per-list losses; their mean over lists is unbiased for the mean of
-      :func:`pairwise_loss` on the true relevance (``correction="joint"``).
+      [`pairwise_loss`][pairwise_loss] on the true relevance (``correction="joint"``).
     """
     mask = _check(scores, clicks, where)
     n, k = scores.shape

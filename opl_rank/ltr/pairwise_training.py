@@ -1,4 +1,4 @@
-"""Training a pointwise neural ranker with the (unbiased) pairwise loss of :mod:`opl_rank.ltr.pairwise`.
+"""Training a pointwise neural ranker with the (unbiased) pairwise loss of [`opl_rank.ltr.pairwise`][opl_rank.ltr.pairwise].
 
 Lists are fixed-shape ``[N, K]`` (clicked logs, or relevance-labelled lists), so one step
 is compiled once per batch shape. Targets are clicks (debiased by ``correction``) or, for
@@ -27,14 +27,14 @@ __all__ = ["PairwiseTrainConfig", "PairwiseRanker", "train_pairwise_ranker"]
 
 @dataclasses.dataclass(frozen=True)
 class PairwiseTrainConfig:
-    """Hyperparameters of :func:`train_pairwise_ranker`.
+    """Hyperparameters of [`train_pairwise_ranker`][train_pairwise_ranker].
 
     Attributes:
       hidden: MLP hidden sizes.
       learning_rate: Adam step size.
       epochs: passes over the lists.
       batch_lists: lists per step (capped at N).
-      pair_loss: a name in :data:`opl_rank.ltr.pairwise.PAIR_LOSSES`.
+      pair_loss: a name in [`opl_rank.ltr.pairwise.PAIR_LOSSES`][opl_rank.ltr.pairwise.PAIR_LOSSES].
       weight_decay: AdamW decoupled weight decay.
       patience: with validation lists, stop after this many epochs without a lower
         validation loss (the same debiased loss on held-out queries' clicks) and keep the
@@ -111,7 +111,7 @@ def train_pairwise_ranker(
     on_epoch: Callable[[int, dict[str, float]], None] | None = None,
 ) -> PairwiseRanker:
     """Fit an MLP scorer by minimising the mean per-list pairwise loss with Adam(W), in the
-    one training loop of :mod:`opl_rank.optimization`.
+    one training loop of [`opl_rank.optimization`][opl_rank.optimization].
 
     Args:
       features: ``[N, K, F]`` features of the shown documents, rank order.
@@ -121,15 +121,15 @@ def train_pairwise_ranker(
       joint_examination: ``[K, K]`` joint examination probabilities.
       key: PRNG key (initialisation and shuffling).
       correction: ``"joint"`` (unbiased), ``"individual"`` or ``"none"``; see
-        :func:`opl_rank.ltr.pairwise.correction_matrix`.
-      config: :class:`PairwiseTrainConfig`.
+        [`opl_rank.ltr.pairwise.correction_matrix`][opl_rank.ltr.pairwise.correction_matrix].
+      config: [`PairwiseTrainConfig`][PairwiseTrainConfig].
       valid: optional held-out ``(features, targets, mask)`` lists (other queries' logs,
         same ranks): early stopping on the same loss, best parameters kept.
       on_epoch: ``(epoch, record)`` called on the host after every epoch as training goes
-        (progress; see :func:`opl_rank.optimization.minimize`).
+        (progress; see [`opl_rank.optimization.minimize`][opl_rank.optimization.minimize]).
 
     Returns:
-      :class:`PairwiseRanker`.
+      [`PairwiseRanker`][PairwiseRanker].
     """
     if correction not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")

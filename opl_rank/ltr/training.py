@@ -1,9 +1,9 @@
 """Full-information learning to rank with the PL policy-gradient estimators.
 
 A pointwise MLP scores documents; a Plackett-Luce policy over those scores is trained with
-any estimator of :mod:`opl_rank.pl.gradients` and, for the exposure estimators, any loss
-of :mod:`opl_rank.ltr.exposure_losses`, in the one training loop of
-:mod:`opl_rank.optimization` (compiled once per config and data shapes). NDCG@K of the
+any estimator of [`opl_rank.pl.gradients`][opl_rank.pl.gradients] and, for the exposure estimators, any loss
+of [`opl_rank.ltr.exposure_losses`][opl_rank.ltr.exposure_losses], in the one training loop of
+[`opl_rank.optimization`][opl_rank.optimization] (compiled once per config and data shapes). NDCG@K of the
 deterministic ranking (sort by score) and the estimated loss on held-out queries are
 recorded every epoch.
 
@@ -40,7 +40,7 @@ _EXPOSURE_ESTIMATORS = {"exposure": True, "exposure_original": False}
 
 
 class RankingQueries(NamedTuple):
-    """Padded per-query arrays (what :func:`simulators.letor.load_letor` returns)."""
+    """Padded per-query arrays (what [`simulators.letor.load_letor`][simulators.letor.load_letor] returns)."""
 
     features: Any  # [Q, D, F] float32
     labels: Any  # [Q, D] float32 graded relevance
@@ -49,7 +49,7 @@ class RankingQueries(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LTRConfig:
-    """Hyperparameters of :func:`train_ltr` (the paper's setting by default).
+    """Hyperparameters of [`train_ltr`][train_ltr] (the paper's setting by default).
 
     Attributes:
       hidden: MLP hidden sizes (paper: 1024, 512, 256).
@@ -148,7 +148,7 @@ def _objective(config: LTRConfig) -> Callable[..., jax.Array]:
 @functools.lru_cache(maxsize=64)
 def _losses(config: LTRConfig) -> tuple[Callable, Callable]:
     """The batch loss and the per-epoch validation metrics: one function object per config,
-    so every call of :func:`train_ltr` with this config reuses one compilation."""
+    so every call of [`train_ltr`][train_ltr] with this config reuses one compilation."""
     model = MLPScorer(hidden=tuple(config.hidden))
     objective = _objective(config)
 
@@ -181,17 +181,17 @@ def train_ltr(
 ) -> LTRResult:
     """Train an MLP-scored PL ranker on full-information relevance labels.
 
-    Runs the one training loop (:func:`opl_rank.optimization.minimize`) with Adamax.
+    Runs the one training loop ([`opl_rank.optimization.minimize`][opl_rank.optimization.minimize]) with Adamax.
 
     Args:
       train: training queries (``features [Q, D, F]``, ``labels [Q, D]``, ``mask [Q, D]``).
       valid: held-out queries, same ``F``.
       key: PRNG key (initialisation, shuffling, sampling).
-      config: :class:`LTRConfig`.
+      config: [`LTRConfig`][LTRConfig].
       progress: called with each epoch's record as training goes.
 
     Returns:
-      :class:`LTRResult`; history records hold ``epoch``, ``seconds`` (wall time since the
+      [`LTRResult`][LTRResult]; history records hold ``epoch``, ``seconds`` (wall time since the
       previous record; the first includes compilation), ``train_loss``, ``valid_ndcg@K``
       and ``valid_loss``.
     """

@@ -11,7 +11,7 @@ the second stage and the environment's optimum V* share this code.
 
 For a prefix ``p`` (length k) and a tail ``t``, ``f = const(p) + sum_j U[t_j, j] +
 sum_{j != j'} alpha_{k+j} V(t_j', t_j)`` with ``U[d, j] = alpha_{k+j} (g(d) + sum_m
-V(p_m, d)) + sum_m alpha_m V(d, p_m)`` (:func:`slot_gains`). Exact completion scores all
+V(p_m, d)) + sum_m alpha_m V(d, p_m)`` ([`slot_gains`][slot_gains]). Exact completion scores all
 ``(D-k)!/(D-L)!`` tails by two matrix products; beyond ``max_enumerated`` tails a beam
 search keeps the ``beam_width`` best partial rankings (1 = greedy).
 """
@@ -61,7 +61,8 @@ def slot_gains(
       alpha: ``[L]`` position weights.
       placed: ``[.., D]`` ``sum_m e_{p_m}`` of the prefix.
       weighted: ``[.., D]`` ``sum_m alpha_m e_{p_m}``.
-      first_slot, n_slots: Python ints.
+      first_slot: a Python int.
+      n_slots: a Python int.
 
     Returns:
       ``[.., D, n_slots]``.
@@ -108,7 +109,7 @@ def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.A
 
 def complete_beam(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array, beam_width: int) -> jax.Array:
     """Beam search slot by slot, partial rankings scored exactly by their own f (later
-    slots not yet placed): same shapes as :func:`complete_exact`."""
+    slots not yet placed): same shapes as [`complete_exact`][complete_exact]."""
     n_items = g.shape[-1]
     k = prefixes.shape[-1]
     placed = one_hot_sum(prefixes, n_items)[..., None, :]  # [.., n, B=1, D]
@@ -130,7 +131,7 @@ def complete_beam(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Ar
 
 
 def _beam_rows(g, v, v_t, scale, alpha, beam_width: int) -> jax.Array:
-    """:func:`complete_beam` from an empty prefix for ``[n, D]`` rows with ``V = scale v``,
+    """[`complete_beam`][complete_beam] from an empty prefix for ``[n, D]`` rows with ``V = scale v``,
     in ``O(B D L)`` per row: each beam carries ``sum_m V[p_m, :]`` and ``sum_m alpha_m V[:, p_m]``
     (rows of ``v`` and ``v^T`` gathered as items are placed) instead of multiplying its one-hot
     prefix by ``V`` (``O(B D^2)`` per slot). ``V``'s diagonal never counts: it only meets
@@ -156,7 +157,7 @@ def _beam_rows(g, v, v_t, scale, alpha, beam_width: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("beam_width",))
 def _beam_batches(rows, v, v_t, scale, alpha, beam_width: int) -> jax.Array:
-    """:func:`_beam_rows` over ``[batches, batch, D]`` rows, one batch at a time."""
+    """[`_beam_rows`][_beam_rows] over ``[batches, batch, D]`` rows, one batch at a time."""
     return jax.lax.map(lambda part: _beam_rows(part, v, v_t, scale, alpha, beam_width), rows)
 
 
@@ -170,7 +171,7 @@ def best_rankings_beam(
     v_t: jax.Array | np.ndarray | None = None,
     max_floats: int = 2**22,
 ) -> jax.Array:
-    """The beam search of :func:`complete_beam` from an empty prefix, for many items.
+    """The beam search of [`complete_beam`][complete_beam] from an empty prefix, for many items.
 
     The same search and the same rankings (up to float rounding) at ``O(B D L)`` per row
     instead of ``O(B D^2 L)``; rows go through in batches of about ``max_floats / (B D)``.

@@ -4,11 +4,11 @@ Every estimator is a per-round ``terms`` function shaped like a rax loss::
 
     terms(target, batch, *, model=None, k=None, max_log_weight=inf) -> Terms
 
-``target`` (:class:`Propensities`) holds the target policy's log-propensities of the
-logged rankings -- the policy computes them (:mod:`opl_rank.opl.policies`); ``batch`` is a
-:class:`~opl_rank.data.LoggedData`; ``model`` (:class:`ModelTerms`) holds f_hat at the
+``target`` ([`Propensities`][Propensities]) holds the target policy's log-propensities of the
+logged rankings -- the policy computes them ([`opl_rank.opl.policies`][opl_rank.opl.policies]); ``batch`` is a
+[`LoggedData`][opl_rank.data.LoggedData]; ``model`` ([`ModelTerms`][ModelTerms]) holds f_hat at the
 logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` for estimators that need a reward model.
-The returned :attr:`Terms.value` ``[n]`` are in "magic box" form: their values are the
+The returned [`Terms.value`][Terms.value] ``[n]`` are in "magic box" form: their values are the
 per-round estimates (the estimate is their mean, or ``sum(value) / sum(normalizer)`` for a
 self-normalised estimator) and, when ``target`` depends on a policy's parameters, the
 gradient of that estimate is the estimator's policy gradient (docs/maths.md §2.2; the estimators: §1.10-1.19).
@@ -24,8 +24,8 @@ Registered estimators (``R = sum_l alpha_l r_l``, ``w = pi(a | x) / pi_0(a | x)`
   topk    w_k (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)],  w_k = pi(a_{1:k}) / pi_0(a_{1:k})
           -- R-POD's decomposition (Eq. 9): k = L is dr, k = 0 is dm plus the logged residual.
 
-Add one with :func:`register`; the learners (:func:`opl_rank.opl.learners.fit`), OPE
-(:func:`opl_rank.opl.ope.evaluate`), ``select_k`` and the sweep all find it by name.
+Add one with [`register`][register]; the learners ([`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]), OPE
+([`opl_rank.opl.ope.evaluate`][opl_rank.opl.ope.evaluate]), ``select_k`` and the sweep all find it by name.
 
 Importance weights are formed in log space and clipped at ``max_log_weight`` before the
 exponential; clipped weights still multiply the score function.
@@ -129,7 +129,7 @@ class Estimator:
 
 
 OPL_ESTIMATORS: dict[str, Estimator] = {}
-"""The off-policy estimators by name (:func:`register` adds one)."""
+"""The off-policy estimators by name ([`register`][register] adds one)."""
 ESTIMATORS = OPL_ESTIMATORS  # the name before 0.2.0 (one release; the same dict)
 
 
@@ -224,13 +224,14 @@ def ips_terms(
     """IPS: ``w R`` with ranking-level ``w``; gradient ``w R grad log pi(a | x)``.
 
     Args:
-      target: :class:`Propensities` (``log_prefix [n, L]``).
-      batch: :class:`~opl_rank.data.LoggedData`.
-      model, k: unused.
+      target: [`Propensities`][Propensities] (``log_prefix [n, L]``).
+      batch: [`LoggedData`][opl_rank.data.LoggedData].
+      model: unused.
+      k: unused.
       max_log_weight: clip on ``log w``.
 
     Returns:
-      :class:`Terms` with ``value [n]`` and ``weight [n]``.
+      [`Terms`][Terms] with ``value [n]`` and ``weight [n]``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -288,7 +289,7 @@ def iips_terms(
     """IIPS (independence): ``sum_l alpha_l r_l P_pi(a_l at l) / P_0(a_l at l)``.
 
     With a PL target the position marginals are exact and differentiable
-    (:func:`opl_rank.pl.marginals.exact_slot_marginals`), so the gradient
+    ([`opl_rank.pl.marginals.exact_slot_marginals`][opl_rank.pl.marginals.exact_slot_marginals]), so the gradient
     ``sum_l alpha_l w_l r_l grad log P_pi(a_l at l)`` has no sampling noise.
     """
     if target.log_slot is None:
@@ -314,9 +315,9 @@ def topk_terms(
     term has no gradient and R-POD reduces to regression). At ``k = L`` this is DR.
 
     Args:
-      target: :class:`Propensities` with at least ``k`` prefix columns.
-      batch: :class:`~opl_rank.data.LoggedData`.
-      model: :class:`ModelTerms` (``policy`` is the second stage's value when learning).
+      target: [`Propensities`][Propensities] with at least ``k`` prefix columns.
+      batch: [`LoggedData`][opl_rank.data.LoggedData].
+      model: [`ModelTerms`][ModelTerms] (``policy`` is the second stage's value when learning).
       k: Python int in ``[0, L]``.
       max_log_weight: clip on ``log w``.
     """

@@ -2,23 +2,23 @@
 
 Methods (R-POD paper, docs/maths.md §1.10-1.24):
   <estimator>   any policy-gradient estimator of the registry
-                :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` that does not take R-POD's k
+                [`opl_rank.opl.estimators.OPL_ESTIMATORS`][opl_rank.opl.estimators.OPL_ESTIMATORS] that does not take R-POD's k
                 (built in: ips, snips, dr, dm, iips, rips; and any a user registers): a PL
                 policy over all L slots trained with that estimator's terms;
   regression    fit f_hat (Eq. 12), act by its argmax (Eq. 13); R-POD with k = 0;
   rpod          fit f_hat, build the second stage (argmax completion, Eq. 13), train a
                 PL first stage over the top k with the ``topk`` terms (Eq. 9); k = L is dr;
-  <learner>     any learner of :data:`LEARNERS` (:func:`register_learner`): a function
+  <learner>     any learner of [`LEARNERS`][LEARNERS] ([`register_learner`][register_learner]): a function
                 ``(data, key, config, *, on_epoch) -> policy`` defined outside the package,
-                fitted by :func:`fit` and :func:`fit_seeds` (one seed at a time) and swept
+                fitted by [`fit`][fit] and [`fit_seeds`][fit_seeds] (one seed at a time) and swept
                 like the built-in methods.
 Estimators that need a reward model get f_hat at the logged rankings and a model term
 ``E_{a ~ pi}[f_hat]`` with a low-variance gradient: marginalize-all for an additive f_hat
 over all L slots, sampled rankings with leave-one-out baselines otherwise.
 
-:func:`fit` is one seed; the fitting itself (:func:`fit_arrays`) is a pure function of
-arrays, and :func:`fit_seeds` ``jax.vmap``s it over the seeds of data sets that share shapes.
-Every fit runs through the one loop of :mod:`opl_rank.optimization`.
+[`fit`][fit] is one seed; the fitting itself ([`fit_arrays`][fit_arrays]) is a pure function of
+arrays, and [`fit_seeds`][fit_seeds] ``jax.vmap``s it over the seeds of data sets that share shapes.
+Every fit runs through the one loop of [`opl_rank.optimization`][opl_rank.optimization].
 
 Numerical guard: importance weights are clipped at ``max_log_weight = 50`` in log space by
 default (e^50 ~ 5e21, far beyond any informative weight) so that extreme logging
@@ -68,13 +68,13 @@ SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot
 
 @dataclasses.dataclass(frozen=True)
 class Learner:
-    """A learning method defined outside the package (:func:`register_learner`).
+    """A learning method defined outside the package ([`register_learner`][register_learner]).
 
     Attributes:
       fit: ``(data, key, config, *, on_epoch=None) -> policy``: one seed's fit, ``config``
-        the :class:`LearnerConfig` naming this learner (it may fit a built-in method with
+        the [`LearnerConfig`][LearnerConfig] naming this learner (it may fit a built-in method with
         ``dataclasses.replace(config, method=...)`` and wrap the result); ``on_epoch`` as
-        for :func:`fit`. The policy follows :class:`~opl_rank.opl.policies.RankingPolicy`.
+        for [`fit`][fit]. The policy follows [`RankingPolicy`][opl_rank.opl.policies.RankingPolicy].
       needs_reward_model: it fits an f_hat (a sweep then fits it once per reward-model kind).
       needs_position_marginals: it reads ``LoggedData.log_pi0_position_marginal``.
     """
@@ -95,19 +95,19 @@ def register_learner(
     needs_position_marginals: bool = False,
     replace: bool = False,
 ) -> Learner:
-    """Add a learning method: :func:`fit`, :func:`fit_seeds`, :func:`learning_methods`,
-    :class:`LearnerConfig` and the sweep then know ``name``.
+    """Add a learning method: [`fit`][fit], [`fit_seeds`][fit_seeds], [`learning_methods`][learning_methods],
+    [`LearnerConfig`][LearnerConfig] and the sweep then know ``name``.
 
     Args:
       name: the method's name (``LearnerConfig(name)``); not a registered estimator's nor
         one of ``MODEL_METHODS``.
-      fit_fn: ``(data, key, config, *, on_epoch=None) -> policy`` (:attr:`Learner.fit`).
+      fit_fn: ``(data, key, config, *, on_epoch=None) -> policy`` ([`Learner.fit`][Learner.fit]).
       needs_reward_model: it fits an f_hat.
       needs_position_marginals: it reads the logged position marginals.
       replace: allow another learner to take a registered name.
 
     Returns:
-      The registered :class:`Learner`.
+      The registered [`Learner`][Learner].
 
     Raises:
       ValueError: an empty name, a name of an estimator or a built-in method, or one taken
@@ -131,7 +131,7 @@ def register_learner(
 
 def learning_methods() -> tuple[str, ...]:
     """Every method ``fit`` accepts now: the registry's estimators without k, then
-    ``MODEL_METHODS``, then the registered learners (:data:`LEARNERS`)."""
+    ``MODEL_METHODS``, then the registered learners ([`LEARNERS`][LEARNERS])."""
     names = [name for name, e in opl_estimators.OPL_ESTIMATORS.items() if not e.uses_k]
     return tuple(names) + MODEL_METHODS + tuple(name for name in LEARNERS if name not in names)
 
@@ -155,7 +155,7 @@ class LearnerConfig:
     """What to learn and how.
 
     Attributes:
-      method: one of :func:`learning_methods` (a registered estimator, ``regression``,
+      method: one of [`learning_methods`][learning_methods] (a registered estimator, ``regression``,
         ``rpod``, a registered learner).
       k: R-POD's top-k length in ``[0, L]`` (``rpod`` only).
       reward_model: f_hat's kind (methods with a reward model): ``"additive"``,
@@ -174,7 +174,7 @@ class LearnerConfig:
         (Rao-Blackwellised from sampled prefixes, unbiased in value and gradient),
         ``"insertion"`` (the logged item inserted into sampled orders of the other items:
         also unbiased, with far less variance per sample; docs/performance.md §15) or
-        ``"auto"``: chosen by cost (:func:`opl_rank.pl.marginals.slot_marginal_method`: exact
+        ``"auto"``: chosen by cost ([`opl_rank.pl.marginals.slot_marginal_method`][opl_rank.pl.marginals.slot_marginal_method]: exact
         for small D -- all D <= 10 with L <= 10 -- sampled prefixes from D = 16 at L = 10,
         40 at L = 5).
       slot_marginal_samples: sampled rankings per row for sampled slot marginals; None:
@@ -376,7 +376,7 @@ def fit_arrays(
       data: logged rounds.
       key: PRNG key.
       reward_params: an f_hat fitted elsewhere (two-step kinds); None fits it here.
-      listeners: tokens of :func:`opl_rank.optimization.listen` for the reward model's and
+      listeners: tokens of [`opl_rank.optimization.listen`][opl_rank.optimization.listen] for the reward model's and
         the policy's epochs (progress only; results do not depend on them).
 
     Returns:
@@ -502,15 +502,15 @@ def fit(
     Args:
       data: logged rounds with a fixed action set (``n_items`` items, contexts ``[n, dx]``).
       key: PRNG key.
-      config: :class:`LearnerConfig`.
+      config: [`LearnerConfig`][LearnerConfig].
       on_epoch: ``(part, epoch, record)`` called on the host after every epoch as the fit
         goes, ``part`` being ``"reward"`` (f_hat) or ``"policy"`` (progress; results do
         not depend on it).
 
     Returns:
-      A :class:`~opl_rank.opl.policies.PLPolicy` (estimator methods, rpod with k = L),
-      :class:`~opl_rank.opl.policies.RegressionPolicy` (regression, rpod with k = 0),
-      :class:`~opl_rank.opl.policies.TwoStagePolicy` (rpod with 0 < k < L), or what a
+      A [`PLPolicy`][opl_rank.opl.policies.PLPolicy] (estimator methods, rpod with k = L),
+      [`RegressionPolicy`][opl_rank.opl.policies.RegressionPolicy] (regression, rpod with k = 0),
+      [`TwoStagePolicy`][opl_rank.opl.policies.TwoStagePolicy] (rpod with 0 < k < L), or what a
       registered learner returns.
     """
     if config.method in LEARNERS:
@@ -536,7 +536,7 @@ def fit(
 def _fit_registered(
     data: LoggedData, key: jax.Array, config: LearnerConfig, on_epoch: EpochCallback | None
 ) -> RankingPolicy:
-    """One seed of a registered learner (:data:`LEARNERS`)."""
+    """One seed of a registered learner ([`LEARNERS`][LEARNERS])."""
     entry = LEARNERS[config.method]
     if entry.needs_position_marginals and data.log_pi0_position_marginal is None:
         raise ValueError(
@@ -548,22 +548,22 @@ def _fit_registered(
 def fit_seeds(
     datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
 ) -> list[RankingPolicy]:
-    """:func:`fit` on ``S`` data sets that share shapes (one sweep cell's seeds), as one
-    ``jax.vmap`` of :func:`fit_arrays` (what an accelerator wants).
+    """[`fit`][fit] on ``S`` data sets that share shapes (one sweep cell's seeds), as one
+    ``jax.vmap`` of [`fit_arrays`][fit_arrays] (what an accelerator wants).
 
     Policy ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding. Two-step
-    reward models (pair sets found on the host) and registered learners (:data:`LEARNERS`:
+    reward models (pair sets found on the host) and registered learners ([`LEARNERS`][LEARNERS]:
     not known to be vmappable) fit one by one.
 
     Args:
       datas: ``S`` logged data sets of equal shapes (``n``, ``L``, ``D``, optional fields).
       keys: ``[S]`` PRNG keys.
-      config: :class:`LearnerConfig`.
-      on_epoch: as for :func:`fit`; under the vmap it is called for each seed's epoch
+      config: [`LearnerConfig`][LearnerConfig].
+      on_epoch: as for [`fit`][fit]; under the vmap it is called for each seed's epoch
         (``S`` calls per epoch).
 
     Returns:
-      ``S`` policies, as :func:`fit` returns them.
+      ``S`` policies, as [`fit`][fit] returns them.
     """
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")

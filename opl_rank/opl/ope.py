@@ -1,14 +1,14 @@
 """Off-policy evaluation of ranking policies from logged data.
 
-Any estimator of the registry :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` (dm, ips, snips,
+Any estimator of the registry [`opl_rank.opl.estimators.OPL_ESTIMATORS`][opl_rank.opl.estimators.OPL_ESTIMATORS] (dm, ips, snips,
 dr, iips, rips, topk, and any a user registers) estimates ``V(pi)`` as the mean of its
 per-round terms (or their self-normalised ratio). The policy supplies its own
-propensities (:mod:`opl_rank.opl.policies`); estimators that need a reward model get
-``f_hat`` at the logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` (:func:`model_values`).
+propensities ([`opl_rank.opl.policies`][opl_rank.opl.policies]); estimators that need a reward model get
+``f_hat`` at the logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` ([`model_values`][model_values]).
 Confidence intervals: normal approximation (delta method for ratios) or a percentile
 bootstrap vmapped over resampling keys. Diagnostics: effective sample size
 ``(sum w)^2 / sum w^2`` of the estimator's weights and the largest weight; a
-:class:`DegenerateWeightsWarning` when the ESS is below 1% of n or not finite.
+[`DegenerateWeightsWarning`][DegenerateWeightsWarning] when the ESS is below 1% of n or not finite.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DEGENERATE_ESS_FRACTION = 0.01  # warn when ESS < 1% of n
 
 
 class DegenerateWeightsWarning(RuntimeWarning):
-    """:func:`evaluate`: an estimator's importance weights are degenerate -- their
+    """[`evaluate`][evaluate]: an estimator's importance weights are degenerate -- their
     effective sample size is below 1% of n (e.g. all weights 0, or one weight dominating)
     or not finite -- so its estimate (and interval) should not be trusted."""
 
@@ -138,11 +138,11 @@ def evaluate(
     """Estimate ``V(policy)`` from logged data with each of ``estimators``.
 
     Args:
-      policy: a :class:`~opl_rank.opl.policies.RankingPolicy`.
+      policy: a [`RankingPolicy`][opl_rank.opl.policies.RankingPolicy].
       data: logged rounds (``iips`` needs ``log_pi0_position_marginal``).
       key: PRNG key (model values, Monte Carlo marginals, bootstrap).
-      estimators: names in :data:`opl_rank.opl.estimators.OPL_ESTIMATORS`.
-      reward_model: a fitted :class:`~opl_rank.opl.reward_models.RewardModel` (dm, dr, topk).
+      estimators: names in [`opl_rank.opl.estimators.OPL_ESTIMATORS`][opl_rank.opl.estimators.OPL_ESTIMATORS].
+      reward_model: a fitted [`RewardModel`][opl_rank.opl.reward_models.RewardModel] (dm, dr, topk).
       k: topk's prefix length in ``[0, L]`` (default: a two-stage policy's own k).
       max_log_weight: clip on log importance weights (inf: none).
       ci: ``"bootstrap"`` (percentile) or ``"normal"``.

@@ -1,9 +1,9 @@
 """Ranking policies: each samples rankings and owns its propensities.
 
-Every policy follows :class:`RankingPolicy`: ``sample`` rankings, ``log_prob`` of a
+Every policy follows [`RankingPolicy`][RankingPolicy]: ``sample`` rankings, ``log_prob`` of a
 ranking, and ``propensities`` of logged rankings (prefix log-probabilities and, on
 request, position marginals) in the form the estimators of
-:mod:`opl_rank.opl.estimators` read; optionally its ``greedy`` ranking, whether its
+[`opl_rank.opl.estimators`][opl_rank.opl.estimators] read; optionally its ``greedy`` ranking, whether its
 propensities compile whole, and its saved spec. OPE, the learners, saving and the
 ``opl-rank rank`` command never ask which class a policy is, so a fourth policy is one
 class in one file (``tests/plugins/epsilon_greedy.py`` is one).
@@ -67,17 +67,17 @@ class RankingPolicy(Protocol):
     Optional (callers look them up on the policy and fall back as said)::
 
       greedy(context [n, dx], *, where=None) -> [n, L] int32
-          its most probable ranking (:func:`greedy_rankings`, ``opl-rank rank``);
+          its most probable ranking ([`greedy_rankings`][greedy_rankings], ``opl-rank rank``);
           absent: a deterministic policy's ``sample``, else a TypeError
       jit_propensities: bool
           True when the policy is a pytree whose ``propensities`` compile as one
-          program (:func:`compiled_propensities`); absent: False (run as it is)
+          program ([`compiled_propensities`][compiled_propensities]); absent: False (run as it is)
       pl_stage
           the Plackett-Luce part a learner trained through importance weights (whose
           log-weights ``max_log_weight`` clips), or None
       spec_name: str, to_spec(writer) -> PolicyParts, from_spec(spec, arrays, reader)
           saving and loading (a classmethod ``from_spec``): register the class with
-          :func:`opl_rank.io.persistence.register_policy_class`; ``writer`` and
+          [`opl_rank.io.persistence.register_policy_class`][opl_rank.io.persistence.register_policy_class]; ``writer`` and
           ``reader`` save and rebuild nested parts (policies, scorers, reward models)
     """
 
@@ -100,7 +100,7 @@ class RankingPolicy(Protocol):
 
 
 class PolicyParts(NamedTuple):
-    """What a policy's ``to_spec`` returns for :func:`opl_rank.io.persistence.save_policy`.
+    """What a policy's ``to_spec`` returns for [`opl_rank.io.persistence.save_policy`][opl_rank.io.persistence.save_policy].
 
     Attributes:
       spec: JSON-able fields (the saver adds ``"class"``: the registered spec name, first).
@@ -135,7 +135,7 @@ def _pytree(data_fields: list[str], meta_fields: list[str]):
 @_pytree(["params"], ["module", "n_slots", "slot_marginal_samples", "slot_marginal_estimator"])
 @dataclasses.dataclass(frozen=True)
 class PLPolicy:
-    """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, :mod:`opl_rank.scorers`).
+    """Plackett-Luce over the logits of a scorer (``[n, dx] -> [n, D]``, [`opl_rank.scorers`][opl_rank.scorers]).
 
     Attributes:
       module: the flax scorer.
@@ -143,12 +143,12 @@ class PLPolicy:
       n_slots: rankings' length (``k`` for an R-POD first stage).
       slot_marginal_samples: 0 (default): exact slot marginals; ``N >= 2``: their
         Rao-Blackwellised estimate from ``N`` sampled rankings, unbiased in value and
-        gradient (:func:`~opl_rank.pl.marginals.sampled_slot_marginals`; ``propensities``
+        gradient ([`sampled_slot_marginals`][opl_rank.pl.marginals.sampled_slot_marginals]; ``propensities``
         then needs a key). The learners choose by cost
-        (:func:`~opl_rank.pl.marginals.slot_marginal_method`).
+        ([`slot_marginal_method`][opl_rank.pl.marginals.slot_marginal_method]).
       slot_marginal_estimator: with samples, ``"prefix"`` (default; averages over sampled
         prefixes) or ``"insertion"`` (the logged item inserted into the others' sampled
-        order, :func:`~opl_rank.pl.marginals.insertion_slot_marginals`, with the logged order
+        order, [`insertion_slot_marginals`][opl_rank.pl.marginals.insertion_slot_marginals], with the logged order
         as baseline at ``N = 1`` and leave-one-out baselines from ``N = 2``).
     """
 
@@ -188,7 +188,7 @@ class PLPolicy:
         """Exact PL propensities of the logged rankings' first ``n_slots`` slots.
 
         ``log_prefix [n, n_slots]``; ``log_slot [n, n_slots]`` from the exact position
-        marginals (:func:`~opl_rank.pl.marginals.exact_slot_marginals`), or with
+        marginals ([`exact_slot_marginals`][opl_rank.pl.marginals.exact_slot_marginals]), or with
         ``slot_marginal_samples`` their unbiased estimate from sampled rankings drawn with
         ``key``. Both are differentiable in ``params``; ``data.item_mask`` excludes candidates.
         """
@@ -280,7 +280,7 @@ class TwoStagePolicy:
     """R-POD's policy: PL over the top k, then the f_hat-argmax completion.
 
     Attributes:
-      first_stage: a :class:`PLPolicy` with ``n_slots = k``.
+      first_stage: a [`PLPolicy`][PLPolicy] with ``n_slots = k``.
       reward_model: the fitted f_hat whose ``complete`` is the second stage.
       n_samples: first-stage samples per row for Monte Carlo slot marginals beyond k.
       max_enumerated: enumerate first-stage prefixes exactly up to this many instead.

@@ -6,13 +6,13 @@ Two kinds, both giving per-slot values ``h_l(x, a)`` with ``f_hat = sum_l alpha_
              by ``g`` (optimal for non-increasing alpha).
   pairwise   ``h_l = g(x, a_l) + sum_{m != l} V(a_m, a_l)``: sees the whole ranking through
              learned pairwise item interactions (captures the synthetic environment's F);
-             completion (:mod:`opl_rank.opl.completion`) enumerates every completion when
+             completion ([`opl_rank.opl.completion`][opl_rank.opl.completion]) enumerates every completion when
              there are at most ``max_enumerated`` (512) of them and is a beam search
              (``beam_width`` 4; 1 is greedy) otherwise. With D = 10, L = 5 that is
              exact for k >= 2 and beam search for k <= 1.
 
 Fitting is least squares on ``R = sum_l alpha_l r_l`` (Eq. 12; ``target="sum"``) or on each
-slot's reward (``target="slots"``), with the shared loop of :mod:`opl_rank.optimization`.
+slot's reward (``target="slots"``), with the shared loop of [`opl_rank.optimization`][opl_rank.optimization].
 
 ``additive-two-step`` / ``pairwise-two-step``: the paper's Appendix A regression for R-POD
 with top-k length ``k``. Step 1 fits the model above, ``h``, on differences of observed
@@ -145,7 +145,7 @@ class RewardModel:
         """int32 ``[n, L]``: each row's top-``L`` items by ``g`` (additive kinds), best first.
 
         It does not depend on the prefix: a fit computes it once per logged row and passes
-        it to :meth:`complete` (``order=``) instead of a top-``L`` over ``D`` every step.
+        it to [`complete`][complete] (``order=``) instead of a top-``L`` over ``D`` every step.
         """
         if base_kind(self.kind) != "additive":
             raise ValueError(f"completion_order is for additive reward models, not {self.kind!r}")
@@ -162,7 +162,7 @@ class RewardModel:
           prefixes: int ``[.., n, k]`` with ``0 <= k <= L``.
           where: optional bool ``[n, D]``: only these candidates complete a prefix (while a
             row has enough of them).
-          order: optional int ``[n, L]`` from :meth:`completion_order` (additive kinds).
+          order: optional int ``[n, L]`` from [`completion_order`][completion_order] (additive kinds).
 
         Returns:
           int ``[.., n, L]``: the prefix followed by ``argmax_{a'} f_hat(x, (prefix, a'))``
@@ -235,11 +235,11 @@ def fit_reward_model(
       max_enumerated: completions enumerated exactly up to this many (pairwise kind).
       item_feature_dim: ``F`` when the context packs the candidates' features (LETOR-style
         environments): g is then one MLP shared by every item
-        (:class:`~opl_rank.scorers.ItemFeatureScorer`). None: a per-item head on the context.
+        ([`ItemFeatureScorer`][opl_rank.scorers.ItemFeatureScorer]). None: a per-item head on the context.
       two_step_k: R-POD's k for the two-step kinds (ignored by the others).
 
     Returns:
-      A :class:`RewardModel`.
+      A [`RewardModel`][RewardModel].
     """
     module = reward_module(data, kind, hidden, target, item_feature_dim, two_step_k)
     if module.prefix_slots >= 0:
@@ -265,7 +265,7 @@ def train_reward_params(
 ) -> TrainResult:
     """Initialise and fit a one-step f_hat's parameters: a pure function of arrays
     (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays. ``listener``:
-    a :func:`opl_rank.optimization.listen` token (progress)."""
+    a [`opl_rank.optimization.listen`][opl_rank.optimization.listen] token (progress)."""
     k_init, k_fit = jax.random.split(key)
     params = module.init(k_init, data.context[:1], data.ranking[:1])
     return train_jit(

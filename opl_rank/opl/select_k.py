@@ -2,7 +2,7 @@
 
 ``select_k`` splits the rounds into a training and a hold-out part, fits R-POD for every
 candidate k on the training part, estimates each fitted policy's value on the hold-out
-part with one OPE estimator (:mod:`opl_rank.opl.ope`), and returns the k with the highest
+part with one OPE estimator ([`opl_rank.opl.ope`][opl_rank.opl.ope]), and returns the k with the highest
 estimate together with the whole table. The estimator's reward model (for dm, dr, topk)
 is fitted on the training part, with the learner's reward-model kind.
 """
@@ -50,17 +50,17 @@ def select_k(
     Args:
       data: logged rounds.
       key: PRNG key.
-      config: an ``rpod`` :class:`LearnerConfig` (its ``k`` is replaced by each candidate).
+      config: an ``rpod`` [`LearnerConfig`][LearnerConfig] (its ``k`` is replaced by each candidate).
       ks: candidates (default every k in ``0..L``).
-      estimator: a name in :data:`opl_rank.opl.estimators.OPL_ESTIMATORS` (one that uses k,
+      estimator: a name in [`opl_rank.opl.estimators.OPL_ESTIMATORS`][opl_rank.opl.estimators.OPL_ESTIMATORS] (one that uses k,
         such as ``topk``, gets each candidate's k).
       holdout_fraction: share of rounds held out, in (0, 1).
-      ci: interval method passed to :func:`opl_rank.opl.ope.evaluate`.
+      ci: interval method passed to [`opl_rank.opl.ope.evaluate`][opl_rank.opl.ope.evaluate].
       n_samples: rankings sampled per hold-out round for the model term of dm / dr /
         topk (its Monte Carlo error averages over the rounds; 64 is ample).
 
     Returns:
-      :class:`KSelection`; ties go to the smaller k.
+      [`KSelection`][KSelection]; ties go to the smaller k.
     """
     if config.method != "rpod":
         raise ValueError(f"select_k needs an 'rpod' LearnerConfig, got method {config.method!r}")

@@ -7,8 +7,8 @@ with ``theta`` the ``[K]`` position weights and ``rho`` per-document rewards (re
 exposure is ``theta_d = E_y[theta_{rank(d)}]`` (Eq. 4), a ``[.., D]`` vector whose Jacobian
 is the exposure estimator.
 
-All of them sample ``N`` top-K rankings per query with :func:`plackett_luce.sample_rankings`
-and use the shared prefix/placement functions of :mod:`opl_rank.pl.plackett_luce` (float32, log
+All of them sample ``N`` top-K rankings per query with [`plackett_luce.sample_rankings`][plackett_luce.sample_rankings]
+and use the shared prefix/placement functions of [`opl_rank.pl.plackett_luce`][opl_rank.pl.plackett_luce] (float32, log
 space, masks). Leave-one-out baselines (Eq. 20) are over the ``N`` samples of a query and
 are on by default (``baseline=False`` turns them off). Samples are drawn from the
 stop-gradient logits; gradients flow only through the log-probabilities.
@@ -277,7 +277,7 @@ def _marginalize_all_parts(logits, rel, theta, rankings, valid):
     available slot is its own slot ``r_d`` if it is placed and ``K - 1`` if not, and
     ``pi_k(d) = pi_{r_d}(d) G[r_d, k]`` with ``G[r, k] = e^{log Z_r - log Z_k}`` (``k <= r``).
     Both factors are ``<= 1`` and formed from logit differences and slot factors (as
-    :func:`plackett_luce.placement_log_probs` does), so nothing overflows or cancels at any
+    [`plackett_luce.placement_log_probs`][plackett_luce.placement_log_probs] does), so nothing overflows or cancels at any
     logit scale.
 
     Returns:

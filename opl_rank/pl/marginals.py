@@ -4,7 +4,7 @@ or estimated from sampled rankings.
 The position marginal is the probability that item ``d`` lands in slot ``l`` of a PL
 ranking; IIPS needs it for the logged items (docs/maths.md §1.13). It has no closed form,
 and enumerating rankings costs ``D! / (D - L)!`` terms
-(:func:`opl_rank.pl.plackett_luce.enumerate_position_marginals`, the tests' reference).
+([`opl_rank.pl.plackett_luce.enumerate_position_marginals`][opl_rank.pl.plackett_luce.enumerate_position_marginals], the tests' reference).
 
 Exact (docs/maths.md §1.8): PL is an exponential race, so with ``r_j = exp(s_j - s_d)``
 
@@ -18,21 +18,21 @@ differentiable, without autodiff's unfused backward of the recursion (~25x the f
 on CPU).
 
 Cost per row (``Q = 48``): ``O(Q D^2 L)`` for every item and slot
-(:func:`exact_position_marginals`), ``O(Q L^2 D)`` for the ``L`` logged items only
-(:func:`exact_ranked_item_marginals`; :func:`exact_slot_marginals`, each logged item's own
-slot only, ~``(L + 1) / 2L`` of that). Above 32 items :func:`exact_slot_marginals` puts the
+([`exact_position_marginals`][exact_position_marginals]), ``O(Q L^2 D)`` for the ``L`` logged items only
+([`exact_ranked_item_marginals`][exact_ranked_item_marginals]; [`exact_slot_marginals`][exact_slot_marginals], each logged item's own
+slot only, ~``(L + 1) / 2L`` of that). Above 32 items [`exact_slot_marginals`][exact_slot_marginals] puts the
 logged items on one shared grid, ``O(Q' (K L + L^3) + D N)`` per row (docs/maths.md §1.8,
 "logged items only"). Timings and the measured alternatives: docs/performance.md §4, §11.
 
-Estimated (docs/maths.md §1.9): :func:`estimate_position_marginals` averages the placement
+Estimated (docs/maths.md §1.9): [`estimate_position_marginals`][estimate_position_marginals] averages the placement
 probabilities of ``N`` sampled prefixes (Rao-Blackwellised, unbiased, exact at ``l = 1``),
-``O(N L D)`` per row. :func:`position_marginals` chooses the exact quadrature while it is
+``O(N L D)`` per row. [`position_marginals`][position_marginals] chooses the exact quadrature while it is
 affordable and the estimate otherwise, and says which it used. For the logged items' own
-slots, :func:`sampled_slot_marginals` is the same estimate with an unbiased gradient
+slots, [`sampled_slot_marginals`][sampled_slot_marginals] is the same estimate with an unbiased gradient
 (``O(N (D + L^2))`` per row); the learners choose between it and the exact quadrature by
-cost (:func:`slot_marginal_method`).
+cost ([`slot_marginal_method`][slot_marginal_method]).
 
-Shapes and masks follow :mod:`opl_rank.pl.plackett_luce`: the last axis of ``logits`` is items
+Shapes and masks follow [`opl_rank.pl.plackett_luce`][opl_rank.pl.plackett_luce]: the last axis of ``logits`` is items
 (``D``), ``where`` an optional bool ``[.., D]`` mask; results are float32 ``[.., L, D]``
 (``[.., M, L]`` and ``[.., L]`` for the ranked-item and slot variants).
 """
@@ -286,7 +286,7 @@ def exact_slot_marginals(logits: jax.Array, rankings: jax.Array, *, where: jax.A
 
     What IIPS needs. Up to ``tuning.MARGINALS_UNROLL_MAX_ITEMS`` (32) items: the per-item quadrature (slot
     ``l`` only needs the first ``l`` entries of the Poisson-binomial recursion, ~``(L + 1) /
-    2L`` of :func:`exact_ranked_item_marginals`). Above: the shared-grid quadrature
+    2L`` of [`exact_ranked_item_marginals`][exact_ranked_item_marginals]). Above: the shared-grid quadrature
     (docs/maths.md §1.8, "logged items only"): one Poisson-binomial table of the items
     outside the ranking serves all ``L`` ranked items, ``O(Q' (K L + D N))`` per row instead
     of ``O(Q L^2 D)``; rows whose logits spread too far for its grid fall back, per call, to
@@ -459,7 +459,7 @@ def _top_outside(outside: jax.Array, n_slots: int) -> jax.Array:
 
 def _shared_grid_slot_marginals(logits, valid, rankings, n_nodes, top=None):
     """``[n, D], [n, D], int [n, L] -> [n, L]`` on a grid of ``n_nodes`` shared nodes
-    (``top``: :func:`_top_outside`, when already at hand; it is used whole, as a slice of
+    (``top``: [`_top_outside`][_top_outside], when already at hand; it is used whole, as a slice of
     ``top_k``'s output makes XLA replace its TopK kernel by a full sort)."""
     n, n_items = logits.shape
     n_slots = rankings.shape[-1]
@@ -633,11 +633,11 @@ def insertion_slot_marginals(
     - ``"none"``;
     - ``"auto"`` (default): ``"logged"`` at ``N = 1``, ``"leave-one-out"`` from ``N = 2``.
 
-    Its variance and time against :func:`sampled_slot_marginals` are measured in
+    Its variance and time against [`sampled_slot_marginals`][sampled_slot_marginals] are measured in
     docs/performance.md §15 (a fraction of the variance at a fraction of the time; ``N = 2``
     with leave-one-out baselines is the learners' choice). ``O(N (D + L^2))`` per row: the
     sample's own normalisers ``Z_j`` (from logit differences, as
-    :func:`~opl_rank.pl.plackett_luce.slot_log_probs`) give every ``Z'_j``.
+    [`slot_log_probs`][opl_rank.pl.plackett_luce.slot_log_probs]) give every ``Z'_j``.
 
     Args:
       key: PRNG key.
@@ -756,7 +756,7 @@ def slot_marginal_method(
     """``"exact"`` or ``"sampled"``: what to use for the logged items' own-slot marginals.
 
     ``"auto"`` keeps the exact quadrature (no sampling noise) while its cost per row
-    (:func:`slot_marginal_cost`) is below ``max_exact_cost`` -- every ``D <= 10`` with
+    ([`slot_marginal_cost`][slot_marginal_cost]) is below ``max_exact_cost`` -- every ``D <= 10`` with
     ``L <= 10``, the paper's grids -- or below ``exact_preference`` times the ``n_samples``
     Rao-Blackwellised estimate's, and samples otherwise (``D >= 16`` at ``L = 10``,
     ``D >= 40`` at ``L = 5``). ``"exact"`` and ``"sampled"`` are returned as they are.
@@ -820,7 +820,7 @@ def position_marginals(
       max_exact_cost: the ``auto`` switch-over, in multiply-adds.
 
     Returns:
-      :class:`PositionMarginals` with ``probs`` ``[.., L, D]``.
+      [`PositionMarginals`][PositionMarginals] with ``probs`` ``[.., L, D]``.
     """
     if method not in ("auto", "exact", "estimate"):
         raise ValueError(f"method must be 'auto', 'exact' or 'estimate', got {method!r}")

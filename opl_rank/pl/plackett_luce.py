@@ -1,6 +1,6 @@
 """Plackett-Luce (PL) ranking math: sampling, prefix log-probabilities, placement
 probabilities, and exact enumeration for tiny problems. Position marginals
-``P(a_l = d)`` are in :mod:`opl_rank.pl.marginals`.
+``P(a_l = d)`` are in [`opl_rank.pl.marginals`][opl_rank.pl.marginals].
 
 Pure, jit-able JAX functions on arrays. The last axis of ``logits`` is items (``D``),
 the last axis of ``rankings`` is slots (``L``, best first); any leading axes are batch.
@@ -111,14 +111,14 @@ def sum_samples(x: jax.Array) -> jax.Array:
 
 
 def mean_samples(x: jax.Array) -> jax.Array:
-    """``jnp.mean(x, axis=0)`` over a short leading (sample) axis (see :func:`sum_samples`)."""
+    """``jnp.mean(x, axis=0)`` over a short leading (sample) axis (see [`sum_samples`][sum_samples])."""
     return sum_samples(x) / x.shape[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def tile_samples(x: jax.Array, n_samples: int) -> jax.Array:
     """``[..] -> [N, ..]``: ``jnp.broadcast_to(x, (N,) + x.shape)``, whose gradient sums the
-    ``N`` cotangents with :func:`sum_samples` instead of a reduction over the leading axis."""
+    ``N`` cotangents with [`sum_samples`][sum_samples] instead of a reduction over the leading axis."""
     return jnp.broadcast_to(x, (n_samples,) + x.shape)
 
 
@@ -227,7 +227,7 @@ def slot_log_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Array |
 def slot_log_probs_and_rest(
     logits: jax.Array, rankings: jax.Array, *, where: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
-    """:func:`slot_log_probs` and ``log sum_{d never ranked} e^{s_d}`` (``[..]``, ``-inf``
+    """[`slot_log_probs`][slot_log_probs] and ``log sum_{d never ranked} e^{s_d}`` (``[..]``, ``-inf``
     when every valid item is ranked), which it computes on the way."""
     logits = logits.astype(jnp.float32)
     rankings = rankings.astype(jnp.int32)
@@ -285,7 +285,7 @@ def placement_log_probs(logits: jax.Array, rankings: jax.Array, *, where: jax.Ar
     """Placement log-probabilities ``log pi(d | a_{1:l-1})`` for every slot and item.
 
     Formed as ``(s_d - s_{a_l}) + log pi(a_l | a_{1:l-1})``: logit differences plus the
-    precise slot factor of :func:`slot_log_probs`.
+    precise slot factor of [`slot_log_probs`][slot_log_probs].
 
     Args:
       logits: ``[.., D]`` scores.
@@ -355,7 +355,7 @@ def enumerate_ranking_probs(logits: jax.Array, rankings: jax.Array, *, where: ja
 
     Args:
       logits: ``[.., D]`` scores.
-      rankings: int ``[P, L]`` (from :func:`all_rankings`).
+      rankings: int ``[P, L]`` (from [`all_rankings`][all_rankings]).
       where: optional bool ``[.., D]`` mask.
 
     Returns:
@@ -370,7 +370,7 @@ def enumerate_ranking_probs(logits: jax.Array, rankings: jax.Array, *, where: ja
 
 def enumerate_position_marginals(logits: jax.Array, n_slots: int, *, where: jax.Array | None = None) -> jax.Array:
     """Exact ``P(a_l = d)`` by enumerating every ranking (tiny ``D`` only): the reference
-    for :func:`opl_rank.pl.marginals.exact_position_marginals`.
+    for [`opl_rank.pl.marginals.exact_position_marginals`][opl_rank.pl.marginals.exact_position_marginals].
 
     Args:
       logits: ``[.., D]`` scores.

@@ -1,6 +1,6 @@
 """Short Plackett-Luce prefixes from many samples at once: one inverse-CDF table per row.
 
-The Gumbel sampler (:func:`opl_rank.pl.plackett_luce.sample_rankings`) draws ``N x D`` random
+The Gumbel sampler ([`opl_rank.pl.plackett_luce.sample_rankings`][opl_rank.pl.plackett_luce.sample_rankings]) draws ``N x D`` random
 numbers per row for ``N`` rankings, and the prefixes' log-probabilities form ``N x D``
 normalisers. When the prefix is short (``K`` slots, ``K`` much smaller than ``D``) both can
 be shared by the ``N`` samples of a row: ``O(D)`` work per row plus ``O(N K^2 log D)``
@@ -18,7 +18,7 @@ the position inside the tail from two separate uniforms, so a light tail is samp
 precisely as a heavy one.
 
 Pure, jit-able functions on arrays; leading axes are batch. Masks follow
-:mod:`opl_rank.pl.plackett_luce`: invalid items are never drawn before a valid one and
+[`opl_rank.pl.plackett_luce`][opl_rank.pl.plackett_luce]: invalid items are never drawn before a valid one and
 fill trailing slots as padding (log-probability 0).
 """
 
