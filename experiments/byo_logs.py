@@ -255,12 +255,15 @@ def _given(**values: Any) -> dict[str, Any]:
 # -- evaluate --------------------------------------------------------------------------
 
 
-def _load(policy_dir: str) -> tuple[Any, dict]:
-    from opl_rank.io.persistence import load_policy, read_policy_spec
+def _load(policy_dir: str, trust_edited_policy: bool = False) -> tuple[Any, dict]:
+    """The saved policy and its checked spec (one reading of policy.json; errors name
+    --policy). ``trust_edited_policy`` (``--trust-edited-policy``): a policy.json that fails
+    its integrity check (edited by hand, a checksum removed, format 1.0) loads with a warning;
+    inconsistent fields are refused all the same."""
+    from opl_rank.io.persistence import load_policy_and_spec
 
     with _option("--policy"):
-        spec = read_policy_spec(policy_dir)
-        return load_policy(policy_dir), spec
+        return load_policy_and_spec(policy_dir, trust_edited_spec=trust_edited_policy)
 
 
 def run_evaluate(
@@ -275,8 +278,15 @@ def run_evaluate(
     seed: int = 0,
     n_items: int | None = None,
     position_weight: list[float] | None = None,
+    trust_edited_policy: bool = False,
 ) -> dict[str, Any]:
-    """The OPE table of the saved policy ``policy`` on the logs ``data``."""
+    """The OPE table of the saved policy ``policy`` on the logs ``data``
+    (``trust_edited_policy``: see ``_load``).
+
+    Each estimate carries [`opl_rank.opl.ope.OPEResult`][opl_rank.opl.ope.OPEResult]'s verdict: ``estimable`` (false:
+    ``value``, ``stderr`` and the interval are null and ``reason`` says why -- no usable weight
+    mass), ``model_only`` (the interval is the reward model's and excludes its bias) and
+    ``caveat``; ``ci_method`` is the interval actually used."""
     import numpy as np
 
     from opl_rank.io.persistence import check_context_dim
@@ -302,7 +312,7 @@ def run_evaluate(
                 raise ValueError(
                     f"--estimators: unknown estimator {name!r}; registered: {', '.join(sorted(opl_estimators.OPL_ESTIMATORS))}"
                 )
-    ranker, spec = _load(policy)
+    ranker, spec = _load(policy, trust_edited_policy)
     # The policy's n_items is the default: a CSV or foreign Parquet file need not record it
     # (a file that records another value is an error naming both).
     logs = _read_logs(data, "--data", n_items if n_items is not None else int(spec["n_items"]), position_weight)
@@ -384,8 +394,13 @@ def run_evaluate(
                 "stderr": r.stderr,
                 "ci_low": r.ci_low,
                 "ci_high": r.ci_high,
+                "ci_method": r.ci_method,
                 "ess": r.ess,
                 "max_weight": r.max_weight,
+                "estimable": r.estimable,
+                "reason": r.reason,
+                "model_only": r.model_only,
+                "caveat": r.caveat,
             }
             for name, r in results.items()
         },
@@ -395,7 +410,9 @@ def run_evaluate(
 
 
 def format_evaluation(summary: dict[str, Any]) -> str:
-    """The OPE table as text."""
+    """The OPE table as text: an estimate that is not estimable prints its reason instead of
+    numbers; one with a caveat (model only, unreliable, ...) is marked in the ``note``
+    column and explained below the table."""
 
     def num(value: Any) -> str:
         return "nan" if value is None else f"{value:.4g}"
@@ -408,20 +425,41 @@ def format_evaluation(summary: dict[str, Any]) -> str:
         f"{summary['level']:.0%}",
         "",
     ]
-    header = ("estimator", "value", "se", "ci_low", "ci_high", "ess", "max_weight")
-    rows = [header] + [
-        (name, *(num(e[f]) for f in ("value", "stderr", "ci_low", "ci_high", "ess", "max_weight")))
-        for name, e in summary["estimates"].items()
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for j, row in enumerate(rows):
-        lines.append(
-            "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-        )
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    for message in summary["warnings"]:
-        lines.append(f"warning: {message}")
+    estimates = summary["estimates"]
+    header = ("estimator", "value", "se", "ci_low", "ci_high", "ess", "max_weight", "note")
+    rows: list[tuple[str, ...]] = [header]
+    notes: list[str] = []
+    for name, e in estimates.items():
+        if not e.get("estimable", True):
+            continue
+        note = ""
+        if e.get("caveat"):
+            notes.append(f"{name}: {e['caveat']}")
+            note = f"{'model only' if e.get('model_only') else 'caveat'} ({len(notes)})"
+        rows.append((name, *(num(e[f]) for f in ("value", "stderr", "ci_low", "ci_high", "ess", "max_weight")), note))
+    if not notes:  # no note column without notes
+        rows = [row[:-1] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    left = {0, len(header) - 1}  # the names and the notes
+
+    def line(cells: tuple[str, ...]) -> str:
+        text = "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return text.rstrip()
+
+    lines += [line(rows[0]), line(tuple("-" * w for w in widths))]
+    by_name = {row[0]: row for row in rows[1:]}
+    for name, e in estimates.items():
+        if name in by_name:
+            lines.append(line(by_name[name]))
+        else:
+            lines.append(f"{name.ljust(widths[0])}  not estimable: {e.get('reason')}")
+    if notes:
+        lines += ["", *(f"({j}) {note}" for j, note in enumerate(notes, 1))]
+    reported = {name for name, e in estimates.items() if e.get("caveat") or not e.get("estimable", True)}
+    for message in summary["warnings"]:  # a warning the table does not already explain
+        if not any(f"estimator {name!r}" in message for name in reported):
+            lines.append(f"warning: {message}")
     return "\n".join(lines)
 
 
@@ -442,9 +480,17 @@ _LOGGED_COLUMNS = (
 
 
 def run_rank(
-    *, policy: str, contexts: str, out: str, sample: bool = False, seed: int = 0, chunk_size: int = 8192
+    *,
+    policy: str,
+    contexts: str,
+    out: str,
+    sample: bool = False,
+    seed: int = 0,
+    chunk_size: int = 8192,
+    trust_edited_policy: bool = False,
 ) -> dict[str, Any]:
-    """Rank every row of the table ``contexts`` with the saved policy; write ``out``."""
+    """Rank every row of the table ``contexts`` with the saved policy; write ``out``
+    (``trust_edited_policy``: see ``_load``)."""
     import jax
     import numpy as np
 
@@ -459,7 +505,7 @@ def run_rank(
     suffix = os.path.splitext(out)[1].lower()
     if suffix not in (".parquet", ".pq", ".csv"):
         raise ValueError(f"--out {out}: unknown format {suffix or '(no suffix)'!r}; expected .parquet or .csv")
-    ranker, spec = _load(policy)
+    ranker, spec = _load(policy, trust_edited_policy)
     with _option("--contexts"):
         table, context, mask = read_contexts(contexts, n_items=int(spec["n_items"]))
     # A logs file as --contexts: its logged ranking, rewards and propensities would sit beside

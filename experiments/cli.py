@@ -203,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --trust-edited-policy (evaluate, rank): opl_rank.io.persistence.load_policy's trust_edited_spec
+_TRUST_EDITED_HELP = (
+    "load a policy whose policy.json was edited after saving, lacks its checksums or predates them "
+    "(format 1.0), with a warning; inconsistent fields (k, L, D) are refused all the same"
+)
+
+
 def _add_byo_parsers(sub: Any) -> None:
     """``fit``, ``evaluate`` and ``rank`` (experiments/byo_logs.py; docs/data_format.md)."""
     logs_help = "logged rounds: .parquet or .csv (schema: docs/data_format.md) or .npz (LoggedData.save)"
@@ -299,6 +306,11 @@ def _add_byo_parsers(sub: Any) -> None:
     )
     ev.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     ev.add_argument(
+        "--trust-edited-policy",
+        action="store_true",
+        help=_TRUST_EDITED_HELP,
+    )
+    ev.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -322,6 +334,11 @@ def _add_byo_parsers(sub: Any) -> None:
         "--sample", action="store_true", help="sample rankings from the policy instead of the greedy ranking"
     )
     rank.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
+    rank.add_argument(
+        "--trust-edited-policy",
+        action="store_true",
+        help=_TRUST_EDITED_HELP,
+    )
     rank.add_argument(
         "--plugin",
         action="append",
@@ -372,10 +389,16 @@ def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             seed=args.seed,
             n_items=args.n_items,
             position_weight=byo_logs.parse_position_weight(args.position_weight),
+            trust_edited_policy=args.trust_edited_policy,
         )
         return summary, byo_logs.format_evaluation(summary)
     summary = byo_logs.run_rank(
-        policy=args.policy, contexts=args.contexts, out=args.out, sample=args.sample, seed=args.seed
+        policy=args.policy,
+        contexts=args.contexts,
+        out=args.out,
+        sample=args.sample,
+        seed=args.seed,
+        trust_edited_policy=args.trust_edited_policy,
     )
     width = max(len(name) for name in summary)
     return summary, "\n".join(f"{name:<{width}}  {value}" for name, value in summary.items())

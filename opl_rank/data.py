@@ -6,8 +6,8 @@ validated once, at construction with concrete arrays (NumPy or JAX arrays, or Py
 lists); inside ``jit``/``vmap`` (tracers) both are skipped.
 
 Conversion: Python lists become NumPy arrays; float fields become float32 (a finite value
-beyond float32's range, e.g. a float64 ``1e39``, is an error naming the field rather than
-an ``inf``), integer rankings become int32, and a list ``item_mask`` becomes bool. Arrays
+beyond float32's range, ~3.4e38, e.g. a float64 ``1e39``, is an error naming the field and
+saying so, checked before the cast: no ``inf``, no NumPy overflow warning), integer rankings become int32, and a list ``item_mask`` becomes bool. Arrays
 of the wrong kind (a float ranking, a float mask) are not converted; validation rejects
 them. JAX arrays stay JAX arrays and NumPy arrays stay NumPy arrays.
 """
@@ -304,10 +304,12 @@ def _convert(data: LoggedData) -> None:
                 if over.any():
                     where = np.argwhere(over)[0]
                     at = f"row {int(where[0])}" if host.ndim >= 2 else f"index {int(where[0])}"
+                    if host.ndim >= 2 and name in _SLOT_FIELDS:
+                        at += f" slot {int(where[1])}"
                     _fail(
                         name,
-                        f"{int(over.sum())} value(s) beyond float32's range (|x| > {_FLOAT32_MAX:.4g}), "
-                        f"first {host[tuple(where)]!r} at {at}; they would become inf",
+                        f"{int(over.sum())} value(s) exceed float32's range (~3.4e38, |x| > {_FLOAT32_MAX:.4g}), "
+                        f"first {float(host[tuple(where)]):.6g} at {at}; stored as float32 they would be inf",
                     )
             _set(data, name, value.astype(jnp.float32) if is_jax else host.astype(np.float32))
         elif name == "ranking":

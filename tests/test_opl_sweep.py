@@ -77,7 +77,7 @@ def test_grid_and_rows():
         (["--set", "lam=1.5"], "lam values must be in [0, 1]"),
         (["--set", "ranking_length=12"], "must be <= every n_items"),
         (["--set", "ks=9"], "ks must be in [0, L]"),
-        (["--set", "colour=blue"], "unknown key(s) ['colour']"),
+        (["--set", "colour=blue"], "--set colour: unknown key"),
         (["--set", "n=many"], "n[0] must be an integer"),
         (["--set", "logging_policy=no_such_module:fn"], "cannot import module 'no_such_module'"),
         (["--set", "logging_policy=tests.user_logging:missing"], "has no attribute 'missing'"),

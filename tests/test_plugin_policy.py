@@ -14,7 +14,13 @@ import opl_rank
 import tests.plugins.epsilon_greedy as plugin  # registers "EpsilonGreedyPolicy" and "eps-greedy"
 from opl_rank import make_key
 from opl_rank.data import LoggedData
-from opl_rank.io.persistence import load_policy, read_policy_spec, register_policy_class, save_policy
+from opl_rank.io.persistence import (
+    EditedPolicyWarning,
+    load_policy,
+    read_policy_spec,
+    register_policy_class,
+    save_policy,
+)
 from opl_rank.opl import learners, ope
 from opl_rank.opl.learners import LearnerConfig
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities, greedy_rankings
@@ -105,16 +111,22 @@ def test_fit_save_load_gives_the_same_policy(setting, tmp_path):
     assert spec["policy"]["base"]["class"] == "RegressionPolicy" and spec["policy"]["epsilon"] == plugin.EPSILON
     assert (spec["n_items"], spec["n_slots"], spec["k"], spec["context_dim"]) == (D, L, 0, data.context.shape[1])
     assert spec["config"]["method"] == "eps-greedy"
-    # An unknown class names the module that saved it.
+    # An unknown class names the module that saved it (the edit itself is trusted here: an
+    # edited spec is otherwise refused before its class is looked up).
     document = json.loads((tmp_path / "p" / "policy.json").read_text())
     document["policy"]["class"] = "Nope"
     (tmp_path / "p" / "policy.json").write_text(json.dumps(document))
-    with pytest.raises(
-        ValueError,
-        match=r"unknown policy class 'Nope' \(known: PLPolicy, RegressionPolicy, "
-        r"TwoStagePolicy, .*EpsilonGreedyPolicy.*'tests.plugins.epsilon_greedy'",
-    ):
+    with pytest.raises(ValueError, match=r"policy.json: was edited after saving: 'policy' differs"):
         load_policy(tmp_path / "p")
+    with (
+        pytest.warns(EditedPolicyWarning, match="'policy' differs"),
+        pytest.raises(
+            ValueError,
+            match=r"unknown policy class 'Nope' \(known: PLPolicy, RegressionPolicy, "
+            r"TwoStagePolicy, .*EpsilonGreedyPolicy.*'tests.plugins.epsilon_greedy'",
+        ),
+    ):
+        load_policy(tmp_path / "p", trust_edited_spec=True)
 
 
 @pytest.mark.parametrize("masked", [False, True])

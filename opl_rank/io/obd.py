@@ -35,12 +35,16 @@ production prior at the start of data collection), vectorised and equal to obp's
 obp 0.5.7's ``OpenBanditDataset.pre_process`` fails on recent pandas (3.1 here:
 ``drop(columns=..., axis=1)`` is an error) and its ``load_raw_data`` sorts with ``inplace=True`` (deprecated in pandas 3);
 [`load_obd`][load_obd] uses a subclass that does the same work without either.
-obp is imported lazily: importing this module does not need it.
+obp is imported lazily: importing this module does not need it. A plain ``bash
+scripts/setup.sh`` does not install obp; the functions that need it raise an ImportError
+that says to run ``bash scripts/setup.sh --test`` (obp 0.5.7 with ``--no-deps`` and its
+import-time dependencies; README, "Why obp is installed separately").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,19 +73,37 @@ __all__ = [
 ]
 
 CAMPAIGNS = ("all", "men", "women")
+_OBP_INSTALL = "bash scripts/setup.sh --test"  # installs obp 0.5.7 (--no-deps) and its import-time dependencies
 BEHAVIOR_POLICIES = ("random", "bts")
+
+
+def _obp(module: str) -> Any:
+    """``import module`` (a part of obp), or an ImportError saying how to install obp."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        missing = getattr(err, "name", None) or module
+        what = (
+            "obp (Open Bandit Pipeline) is not installed"
+            if missing.split(".")[0] == "obp"
+            else f"obp is installed but {missing!r}, which it imports, is not ({type(err).__name__}: {err})"
+        )
+        raise ImportError(
+            f"opl_rank.io.obd needs obp: {what}. A plain scripts/setup.sh "
+            f"does not install it: run `{_OBP_INSTALL}` (obp 0.5.7 with --no-deps and its import-time "
+            'dependencies; README, "Why obp is installed separately")'
+        ) from err
 
 
 def sample_path() -> Path:
     """The folder of the OBD sample inside the installed obp package.
 
     Raises:
-      ImportError: obp is not installed.
+      ImportError: obp is not installed (the message says how to install it).
       FileNotFoundError: this obp build ships no sample.
     """
-    import obp.dataset
-
-    path = Path(obp.dataset.__file__).parent / "obd"
+    dataset = _obp("obp.dataset")
+    path = Path(dataset.__file__).parent / "obd"
     missing = [
         f"{p}/{c}/{c}.csv" for p in BEHAVIOR_POLICIES for c in CAMPAIGNS if not (path / p / c / f"{c}.csv").is_file()
     ]
@@ -121,6 +143,7 @@ def load_obd(behavior_policy: str, campaign: str = "all", *, data_path: str | Pa
 def _dataset_class():
     import logging
 
+    _obp("obp.dataset")  # an ImportError saying how to install obp
     import pandas as pd
     from obp.dataset import OpenBanditDataset
     from scipy.stats import rankdata
@@ -231,7 +254,7 @@ def bts_action_dist(
     vectorised. It draws the same numbers in the same order from the same
     ``np.random.RandomState``, so it returns obp's array exactly, without obp's Python loop.
     """
-    from obp.policy.contextfree import production_prior_for_bts
+    production_prior_for_bts = _obp("obp.policy.contextfree").production_prior_for_bts
 
     if campaign not in production_prior_for_bts:
         raise ValueError(f"campaign must be one of {sorted(production_prior_for_bts)}, got {campaign!r}")
@@ -343,7 +366,9 @@ def obp_estimates(
     Returns:
       ``{"ips": {...}, "snips": {...}}`` each with ``value``, ``ci_low``, ``ci_high``.
     """
-    from obp.ope import InverseProbabilityWeighting, OffPolicyEvaluation, SelfNormalizedInverseProbabilityWeighting
+    obp_ope = _obp("obp.ope")
+    InverseProbabilityWeighting, OffPolicyEvaluation = obp_ope.InverseProbabilityWeighting, obp_ope.OffPolicyEvaluation
+    SelfNormalizedInverseProbabilityWeighting = obp_ope.SelfNormalizedInverseProbabilityWeighting
 
     dist = np.asarray(action_dist, np.float64)
     if dist.ndim == 2:

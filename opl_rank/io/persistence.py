@@ -5,17 +5,20 @@ A saved policy is a directory holding
   policy.json      what to rebuild: the policy class, its scorer (flax module class and
                    fields), its reward model (kind, module fields, completion settings),
                    k, n_items, L, the context dimension, the package version that wrote it,
-                   the format version, the SHA-256 of the parameters file, and optionally
-                   the learner's config and free-form metadata;
+                   the format version, the SHA-256 of the parameters file, the SHA-256 of
+                   the spec itself (and a short digest of each of its keys), and
+                   optionally the learner's config and free-form metadata;
   params.msgpack   every array (scorer and reward-model parameters, the reward model's
                    position weights), serialised with ``flax.serialization`` (msgpack;
                    arrays are stored bit for bit, so a loaded policy ranks exactly as the
                    saved one).
 
 [`save_policy`][save_policy] writes both files atomically, the parameters first; [`load_policy`][load_policy]
-checks the format version, the checksum and the parameters' shapes against the spec (a
-``jax.eval_shape`` of the rebuilt modules' ``init``) and names the offending file in every
-error. Supported: [`PLPolicy`][opl_rank.opl.policies.PLPolicy],
+checks the format version, both checksums (a spec edited by hand, or a checksum removed
+from it, is refused unless ``trust_edited_spec=True``), the spec's fields against each
+other (k, L, D; never overridable) and the parameters' shapes against the spec (a
+``jax.eval_shape`` of the rebuilt modules' ``init``), and names the offending file (and
+field) in every error. Supported: [`PLPolicy`][opl_rank.opl.policies.PLPolicy],
 [`RegressionPolicy`][opl_rank.opl.policies.RegressionPolicy] and [`TwoStagePolicy`][opl_rank.opl.policies.TwoStagePolicy]
 over the scorers of [`opl_rank.scorers.make_scorer`][opl_rank.scorers.make_scorer] and the reward models of
 [`opl_rank.opl.reward_models.fit_reward_model`][opl_rank.opl.reward_models.fit_reward_model] (any kind), and any policy class
@@ -36,7 +39,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any
+import warnings
+from typing import Any, TypeGuard
 
 import flax.linen as nn
 import jax
@@ -52,7 +56,9 @@ from opl_rank.scorers import ActionScorer, ItemFeatureScorer
 __all__ = [
     "save_policy",
     "load_policy",
+    "load_policy_and_spec",
     "read_policy_spec",
+    "EditedPolicyWarning",
     "check_context_dim",
     "register_policy_class",
     "policy_classes",
@@ -67,7 +73,21 @@ __all__ = [
 SPEC_FILE = "policy.json"
 PARAMS_FILE = "params.msgpack"
 FORMAT = "opl_rank.policy"
-FORMAT_VERSION = "1.0"  # major.minor: another major is refused; minors only add optional keys
+# major.minor: another major is refused; a minor adds keys that older readers of the same
+# major ignore. 1.1 added spec_sha256 and field_sha256: this reader requires them (a 1.0
+# file is refused with how to proceed: save it again, or trust_edited_spec=True).
+FORMAT_VERSION = "1.1"
+# The keys the spec's own checksum leaves out (itself) and the per-key digests' length.
+_SPEC_HASH_KEY = "spec_sha256"
+_FIELD_HASH_KEY = "field_sha256"
+_FIELD_DIGEST_CHARS = 16
+_OVERRIDE = "trust_edited_spec=True (opl-rank: --trust-edited-policy)"
+
+
+class EditedPolicyWarning(UserWarning):
+    """A saved policy whose spec fails its integrity check was loaded anyway
+    (``trust_edited_spec=True``)."""
+
 
 _SCORERS: dict[str, type[nn.Module]] = {"ActionScorer": ActionScorer, "ItemFeatureScorer": ItemFeatureScorer}
 
@@ -150,12 +170,17 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
         or JSON-able dict) that produced the policy; stored in the spec for reference.
       metadata: optionally a JSON-able dict stored as is (data file, seed, ...).
 
+    The spec records the SHA-256 of the parameters file and of itself (``spec_sha256``,
+    with a short digest per key in ``field_sha256``): [`load_policy`][load_policy] refuses a spec
+    edited afterwards.
+
     Returns:
       The path of the spec file.
 
     Raises:
-      TypeError: a policy, scorer or reward model this module cannot rebuild, or a config
-        that cannot be written as JSON.
+      TypeError: a policy, scorer or reward model this module cannot rebuild, a config
+        that cannot be written as JSON, or a ``to_spec`` whose sizes (k, L, D) contradict
+        each other.
     """
     from opl_rank import __version__
 
@@ -178,6 +203,11 @@ def save_policy(policy: Any, directory: str | os.PathLike, *, config: Any = None
         "config": _jsonable(config, "config"),
         "metadata": _jsonable(metadata, "metadata"),
     }
+    document[_FIELD_HASH_KEY] = _field_digests(document)
+    document[_SPEC_HASH_KEY] = _spec_digest(document)
+    problems = _consistency_problems(document)
+    if problems:  # a to_spec whose sizes contradict each other: refused now, not at loading
+        raise TypeError(f"save_policy: the policy's spec is inconsistent: {'; '.join(problems)}")
     text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     os.makedirs(directory, exist_ok=True)
     atomic_write(os.path.join(directory, PARAMS_FILE), lambda f: f.write(payload))
@@ -302,13 +332,36 @@ class SpecWriter:
 # -- loading ---------------------------------------------------------------------------
 
 
-def read_policy_spec(directory: str | os.PathLike) -> dict:
-    """The spec (``policy.json``) of a saved policy, its format version checked.
+def read_policy_spec(directory: str | os.PathLike, *, trust_edited_spec: bool = False) -> dict:
+    """The spec (``policy.json``) of a saved policy, checked: its format version, its
+    integrity and its fields' consistency.
+
+    Integrity: the spec must carry ``params_sha256`` and ``spec_sha256`` (the SHA-256 of
+    its canonical JSON, every key but ``spec_sha256`` itself), and the latter must match:
+    an edited spec is refused, naming the keys that changed (``field_sha256``, a short
+    digest per key, tells which). ``trust_edited_spec=True`` reads it anyway, with an
+    [`EditedPolicyWarning`][EditedPolicyWarning]. A format 1.0 file (written before specs had checksums)
+    fails the same way: save it again, or trust it.
+
+    Consistency (never overridable, checksums or not): ``k``, ``n_slots`` (L), ``n_items``
+    (D) and ``context_dim`` are ints with ``0 <= k <= L <= D``, and for the built-in
+    classes they equal what the nested parts say (a PLPolicy's ``n_slots``, a reward
+    model's ``n_slots``, a two-stage policy's first-stage ``n_slots`` = k, every
+    ``n_items``).
+
+    Args:
+      directory: a directory written by [`save_policy`][save_policy].
+      trust_edited_spec: warn instead of refusing when the integrity check fails.
 
     Raises:
       FileNotFoundError: no such directory or no spec file in it (naming the path).
-      ValueError: naming the file: not JSON, not a policy spec, or another major format version.
+      ValueError: naming the file (and the field): not JSON, not a policy spec, another
+        major format version, a missing or mismatched checksum, inconsistent fields.
     """
+    return _read_spec(directory, trust_edited_spec, stacklevel=3)
+
+
+def _read_spec(directory: str | os.PathLike, trust_edited_spec: bool, stacklevel: int) -> dict:
     directory = os.fspath(directory)
     path = os.path.join(directory, SPEC_FILE)
     if not os.path.isdir(directory):
@@ -331,18 +384,50 @@ def read_policy_spec(directory: str | os.PathLike) -> dict:
             f"{spec.get('opl_rank_version', '?')}); this opl_rank reads format version "
             f"{FORMAT_VERSION.split('.')[0]}.x -- save the policy again with this version"
         )
+    edited = _integrity_problem(spec)
+    problems = _consistency_problems(spec)
+    if problems:
+        detail = f" (and {edited})" if edited else ""
+        raise ValueError(f"{path}: inconsistent policy spec: {'; '.join(problems)}{detail}")
+    if edited:
+        if not trust_edited_spec:
+            raise ValueError(
+                f"{path}: {edited}; save the policy again (docs/data_format.md, 'Saved policies'), or pass "
+                f"{_OVERRIDE} to load it as it is"
+            )
+        warnings.warn(
+            f"{path}: {edited}; loading it anyway (trust_edited_spec)", EditedPolicyWarning, stacklevel=stacklevel
+        )
     return spec
 
 
-def load_policy(directory: str | os.PathLike) -> Any:
+def load_policy(directory: str | os.PathLike, *, trust_edited_spec: bool = False) -> Any:
     """Rebuild a policy written by [`save_policy`][save_policy].
+
+    Args:
+      directory: the policy's directory.
+      trust_edited_spec: load a spec that fails its integrity check (edited by hand, a
+        checksum removed, a format 1.0 file) with an [`EditedPolicyWarning`][EditedPolicyWarning] instead
+        of refusing it; inconsistent fields are refused all the same.
 
     Raises:
       FileNotFoundError: a missing directory or file (named).
       ValueError: naming the file: a corrupt or foreign spec, another major format version,
-        a parameters file that does not match the spec (checksum, structure or shapes).
+        a spec edited after saving or without its checksums (see
+        [`read_policy_spec`][read_policy_spec]), inconsistent fields, a parameters file that does
+        not match the spec (checksum, structure or shapes).
     """
-    spec = read_policy_spec(directory)
+    return _load(directory, trust_edited_spec, stacklevel=4)[0]
+
+
+def load_policy_and_spec(directory: str | os.PathLike, *, trust_edited_spec: bool = False) -> tuple[Any, dict]:
+    """[`load_policy`][load_policy]'s policy and the checked spec it was rebuilt from
+    ([`read_policy_spec`][read_policy_spec]'s dict), from one reading of ``policy.json``."""
+    return _load(directory, trust_edited_spec, stacklevel=4)
+
+
+def _load(directory: str | os.PathLike, trust_edited_spec: bool, stacklevel: int) -> tuple[Any, dict]:
+    spec = _read_spec(directory, trust_edited_spec, stacklevel)
     directory = os.fspath(directory)
     spec_path = os.path.join(directory, SPEC_FILE)
     path = os.path.join(directory, str(spec.get("params_file", PARAMS_FILE)))
@@ -350,16 +435,197 @@ def load_policy(directory: str | os.PathLike) -> Any:
         raise FileNotFoundError(f"{path}: no such file (the parameters named by {spec_path})")
     with open(path, "rb") as f:
         payload = f.read()
-    if spec.get("params_sha256") and hashlib.sha256(payload).hexdigest() != spec["params_sha256"]:
+    expected = spec.get("params_sha256")
+    if expected is not None and hashlib.sha256(payload).hexdigest() != expected:
         raise ValueError(f"{path}: checksum does not match {spec_path} (corrupt, or from another save?)")
     try:
         arrays = serialization.msgpack_restore(payload)
     except Exception as err:  # msgpack raises its own exception types
         raise ValueError(f"{path}: not a readable parameters file ({type(err).__name__}: {err})") from err
     try:
-        return SpecReader(int(spec["context_dim"]), path).policy(spec["policy"], arrays)
+        policy = SpecReader(int(spec["context_dim"]), path).policy(spec["policy"], arrays)
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{spec_path}: malformed policy spec ({type(err).__name__}: {err})") from err
+    problems = _rebuilt_problems(policy, spec)
+    if problems:
+        raise ValueError(f"{spec_path}: inconsistent policy spec: {'; '.join(problems)}")
+    return policy, spec
+
+
+# -- the spec's integrity and consistency ----------------------------------------------
+
+
+def _canonical(value: Any) -> bytes:
+    """The JSON text a checksum is taken over: sorted keys, no whitespace, ASCII."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def _field_digests(document: dict) -> dict[str, str]:
+    """A short SHA-256 prefix per top-level key (but the checksums): what names an edit."""
+    return {
+        key: hashlib.sha256(_canonical(value)).hexdigest()[:_FIELD_DIGEST_CHARS]
+        for key, value in document.items()
+        if key not in (_SPEC_HASH_KEY, _FIELD_HASH_KEY)
+    }
+
+
+def _spec_digest(document: dict) -> str:
+    """The SHA-256 of the spec: every key but ``spec_sha256`` (``field_sha256`` included)."""
+    return hashlib.sha256(_canonical({k: v for k, v in document.items() if k != _SPEC_HASH_KEY})).hexdigest()
+
+
+def _integrity_problem(spec: dict) -> str | None:
+    """What is wrong with the spec's checksums (None: they are there and match)."""
+    missing = [key for key in ("params_sha256", _SPEC_HASH_KEY) if not isinstance(spec.get(key), str)]
+    if _SPEC_HASH_KEY in missing and str(spec.get("format_version")) == "1.0":
+        return (
+            f"written in format 1.0 by opl_rank {spec.get('opl_rank_version', '?')}, before saved specs had "
+            f"a checksum (no {_SPEC_HASH_KEY!r}): edits to it cannot be detected"
+        )
+    if missing:
+        what = " and ".join(repr(key) for key in missing)
+        cannot = "edits to it cannot be detected" if _SPEC_HASH_KEY in missing else "the parameters cannot be checked"
+        return f"has no {what} (removed after saving?): {cannot}"
+    try:
+        digest = _spec_digest(spec)
+    except ValueError:  # a NaN or inf written by hand
+        digest = ""
+    if digest == spec[_SPEC_HASH_KEY]:
+        return None
+    saved = spec.get(_FIELD_HASH_KEY)
+    changed: list[str] = []
+    if isinstance(saved, dict):
+        try:
+            now = _field_digests(spec)
+        except ValueError:
+            now = {}
+        changed = sorted(key for key in set(saved) | set(now) if saved.get(key) != now.get(key))
+    if changed:
+        listed = ", ".join(repr(key) for key in changed)
+        return f"was edited after saving: {listed} {'differs' if len(changed) == 1 else 'differ'} from what was saved"
+    return f"was edited after saving ({_SPEC_HASH_KEY} does not match its contents)"
+
+
+def _int_field(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _consistency_problems(spec: dict) -> list[str]:
+    """How the spec's top-level sizes contradict each other or its built-in parts."""
+    problems: list[str] = []
+    header: dict[str, int] = {}
+    for key in ("n_items", "n_slots", "k", "context_dim"):
+        value = spec.get(key)
+        if not _int_field(value):
+            problems.append(f"{key!r} must be an int, got {value!r}")
+        else:
+            header[key] = value
+    if problems:
+        return problems
+    n_items, n_slots, k = header["n_items"], header["n_slots"], header["k"]
+    if n_items < 1:
+        problems.append(f"'n_items' is {n_items}, not a positive number of items")
+    if not 1 <= n_slots <= max(n_items, 1):
+        problems.append(f"'n_slots' (L) is {n_slots}, outside [1, n_items={n_items}]")
+    if not 0 <= k <= n_slots:
+        problems.append(f"'k' is {k}, outside [0, n_slots={n_slots}]")
+    if header["context_dim"] < 1:
+        problems.append(f"'context_dim' is {header['context_dim']}, not a positive number of columns")
+    policy = spec.get("policy")
+    if not isinstance(policy, dict):
+        return problems + [f"'policy' must be an object, got {type(policy).__name__}"]
+    try:
+        sizes = _part_sizes(policy, "policy", problems)
+    except (KeyError, TypeError, AttributeError) as err:  # a missing or mistyped field
+        return problems + [f"malformed 'policy' ({type(err).__name__}: {err})"]
+    if sizes is None:  # a plugin's class: checked once rebuilt (_rebuilt_problems)
+        return problems
+    for key, (value, where) in sizes.items():
+        if value != header[key]:
+            problems.append(f"{key!r} is {header[key]} but {where} is {value}")
+    return problems
+
+
+def _size(spec: dict, key: str, where: str, problems: list[str]) -> int:
+    value = spec[key]
+    if not _int_field(value):
+        problems.append(f"{where}.{key} must be an int, got {value!r}")
+        return -1
+    return int(value)
+
+
+def _reward_sizes(spec: dict, where: str, problems: list[str]) -> tuple[int, int, int]:
+    """A reward model's (n_items, n_slots, prefix_slots)."""
+    module = spec["module"]
+    n_items = _size(module, "n_items", f"{where}.module", problems)
+    n_slots = _size(spec, "n_slots", where, problems)
+    prefix = _size(module, "prefix_slots", f"{where}.module", problems)
+    if prefix > n_slots:
+        problems.append(f"{where}.module.prefix_slots is {prefix}, more than its n_slots={n_slots}")
+    return n_items, n_slots, prefix
+
+
+def _part_sizes(policy: dict, where: str, problems: list[str]) -> dict[str, tuple[int, str]] | None:
+    """What a built-in policy spec's parts say n_items, n_slots and k are (with where they
+    say it); appends contradictions between the parts to ``problems``. None: not built in."""
+    name = policy["class"]
+    if name == "PLPolicy" and _POLICY_CLASSES.get(name) is PLPolicy:
+        n_items = _size(policy["scorer"], "n_items", f"{where}.scorer", problems)
+        n_slots = _size(policy, "n_slots", where, problems)
+        return {
+            "n_items": (n_items, f"{where}.scorer.n_items"),
+            "n_slots": (n_slots, f"{where}.n_slots"),
+            "k": (n_slots, f"{where}.n_slots (a PLPolicy samples all its slots)"),
+        }
+    if name == "RegressionPolicy" and _POLICY_CLASSES.get(name) is RegressionPolicy:
+        n_items, n_slots, _ = _reward_sizes(policy["reward_model"], f"{where}.reward_model", problems)
+        return {
+            "n_items": (n_items, f"{where}.reward_model.module.n_items"),
+            "n_slots": (n_slots, f"{where}.reward_model.n_slots"),
+            "k": (0, "a RegressionPolicy's k (it samples no prefix)"),
+        }
+    if name == "TwoStagePolicy" and _POLICY_CLASSES.get(name) is TwoStagePolicy:
+        first = policy["first_stage"]
+        if first.get("class") != "PLPolicy":
+            problems.append(f"{where}.first_stage must be a PLPolicy, got {first.get('class')!r}")
+            return None
+        inner = _part_sizes(first, f"{where}.first_stage", problems)
+        assert inner is not None  # a PLPolicy
+        n_items, n_slots, prefix = _reward_sizes(policy["reward_model"], f"{where}.reward_model", problems)
+        k = inner["n_slots"][0]
+        if inner["n_items"][0] != n_items:
+            problems.append(
+                f"{inner['n_items'][1]} is {inner['n_items'][0]} but {where}.reward_model.module.n_items is {n_items}"
+            )
+        if k > n_slots:
+            problems.append(f"{where}.first_stage.n_slots (k) is {k}, more than {where}.reward_model.n_slots={n_slots}")
+        if prefix > k:
+            problems.append(
+                f"{where}.reward_model.module.prefix_slots is {prefix}, more than the first stage's k={k} "
+                "(a two-step f_hat completes prefixes of at least that length)"
+            )
+        return {
+            "n_items": (n_items, f"{where}.reward_model.module.n_items"),
+            "n_slots": (n_slots, f"{where}.reward_model.n_slots"),
+            "k": (k, f"{where}.first_stage.n_slots (the first stage's k)"),
+        }
+    return None
+
+
+def _rebuilt_problems(policy: Any, spec: dict) -> list[str]:
+    """The rebuilt policy's own sizes (its ``to_spec``) against the spec's top level: the
+    consistency check of any class, plugins' included."""
+    try:
+        parts = SpecWriter().policy(policy)
+        n_slots = int(policy.n_slots)
+    except (TypeError, ValueError, AttributeError):  # a class that loads but cannot save: nothing to compare
+        return []
+    found = {"n_items": parts.n_items, "n_slots": n_slots, "k": parts.k, "context_dim": parts.context_dim}
+    return [
+        f"{key!r} is {spec[key]} but the rebuilt {type(policy).__name__} has {key}={value}"
+        for key, value in found.items()
+        if spec.get(key) != value
+    ]
 
 
 def check_context_dim(spec: dict, context_dim: int) -> None:

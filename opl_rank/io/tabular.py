@@ -62,6 +62,10 @@ KNOWN_COLUMNS = _REQUIRED + _PREFIX + _MARGINAL + ("item_mask", "item_features")
 
 _ROW_FIELDS = ("context", "ranking", "reward", "log_pi0_prefix", "log_pi0_position_marginal", "item_mask")
 _PROB_TOLERANCE = 1e-6  # a probability up to 1 + this counts as 1 (float rounding)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # ~3.4e38: floats are stored as float32
+# n_items inferred as max id + 1 is refused when more than this many, and more than the
+# distinct ids that appear, of the items 0..D-1 are never ranked: a stray id (docs/data_format.md)
+_MAX_UNSEEN_ITEMS = 8
 _LOG_TOLERANCE = 1e-5  # the same for a log-probability above 0 (as LoggedData)
 
 
@@ -141,6 +145,7 @@ class _Columns:
                     f"slot {slot} is {shown} ({int(bad_value.sum())} non-finite value(s)); values must be finite",
                     row,
                 )
+            self.within_float32(name, host)
             return host
         if kind == "int":
             if np.issubdtype(host.dtype, np.floating):
@@ -170,6 +175,23 @@ class _Columns:
                 self.fail(name, f"slot {slot} holds {host[row, slot].item()!r}; item_mask holds booleans (or 0/1)", row)
             host = host != 0
         return host
+
+    def within_float32(self, name: str | None, values: np.ndarray, what: str = "") -> None:
+        """Fail on a finite value beyond float32's range (it would be stored as inf):
+        ``values`` ``[n, w]`` per row (slot named), or a dataset-level array (``what`` names it)."""
+        if values.dtype.kind != "f" or values.dtype.itemsize <= 4 or not values.size:
+            return
+        over = np.abs(values) > _FLOAT32_MAX
+        if not over.any():
+            return
+        at = tuple(int(v) for v in np.argwhere(over)[0])
+        problem = (
+            f"{float(values[at]):.6g}, which exceeds float32's range (~3.4e38; values are stored as float32)"
+            f" ({int(over.sum())} such value(s))"
+        )
+        if what:
+            self.fail(name, f"{what} {list(at) if len(at) > 1 else at[0]} holds {problem}")
+        self.fail(name, f"slot {at[1]} holds {problem}", at[0])
 
     def probabilities(self, names: tuple[str, str], width: int, required: bool) -> np.ndarray | None:
         """``log_*`` or the probability column ``*`` as float64 log-probabilities."""
@@ -330,7 +352,7 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
     log_marginal = cols.probabilities(_MARGINAL, n_slots, required=False)
 
     n_items = _dataset_value(cols, "n_items", n_items, "n_items", ("n_items",))
-    mask = None
+    mask, from_mask = None, False
     if "item_mask" in cols.columns:
         mask = cols.matrix(
             "item_mask",
@@ -339,12 +361,15 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
             "" if n_items is None else f"n_items={n_items}",
         )
         if n_items is None:
-            n_items = mask.shape[1]
+            n_items, from_mask = mask.shape[1], True
+    _check_negative_ids(cols, ranking)
     if n_items is None:
         n_items = max(int(ranking.max()) + 1, n_slots)
+        _check_inferred_n_items(cols, ranking, n_items)
     if isinstance(n_items, bool) or not isinstance(n_items, (int, np.integer)) or int(n_items) < 1:
         cols.fail(None, f"n_items must be a positive int, got {n_items!r}")
     n_items = int(n_items)
+    _check_ids_below(cols, ranking, n_items, from_mask)
 
     weight = _dataset_value(cols, "position_weight", position_weight, "position_weight", ("position_weight", "alpha"))
     if weight is None:
@@ -357,6 +382,7 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
         cols.fail(
             None, f"position_weight (alpha) must have L={n_slots} entries (the ranking's length), got {weight.tolist()}"
         )
+    cols.within_float32(None, weight, "position_weight (alpha) entry")
 
     features = cols.metadata.get("item_features")
     if "item_features" in cols.columns:
@@ -365,6 +391,8 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
         features = _nested_column(cols, "item_features", n_items)
     elif features is not None:
         features = np.asarray(features, dtype=np.float64)
+    if features is not None:
+        cols.within_float32("item_features", features, "item" if features.ndim == 2 else "[row, item, feature]")
 
     fields = dict(
         context=context,
@@ -392,6 +420,52 @@ def _build(cols: _Columns, n_items: int | None, position_weight: Any) -> Any:
                     label = f"column {prob_name!r} (checked as log-probabilities)"
             message = label + ": " + message[match.end() :]
         raise ValueError(f"{cols.source}: {message}") from err
+
+
+def _check_negative_ids(cols: _Columns, ranking: np.ndarray) -> None:
+    if ranking.min() < 0:
+        row, slot = (int(v) for v in np.argwhere(ranking < 0)[0])
+        cols.fail("ranking", f"slot {slot} holds item id {int(ranking[row, slot])}; item ids are >= 0", row)
+
+
+def _check_ids_below(cols: _Columns, ranking: np.ndarray, n_items: int, from_mask: bool) -> None:
+    """Every id below the given (or the item_mask's) n_items, else an error naming the row."""
+    beyond = ranking >= n_items
+    if beyond.any():
+        row, slot = (int(v) for v in np.argwhere(beyond)[0])
+        source = f"the item_mask's width n_items={n_items}" if from_mask else f"n_items={n_items}"
+        cols.fail(
+            "ranking",
+            f"slot {slot} holds item id {int(ranking[row, slot])}, not below {source} (item ids are in "
+            f"[0, {n_items})); {int(beyond.sum())} id(s) out of range",
+            row,
+        )
+
+
+def _check_inferred_n_items(cols: _Columns, ranking: np.ndarray, n_items: int) -> None:
+    """Refuse an inferred ``n_items = max id + 1`` that most items 0..D-1 never reach.
+
+    Rule (docs/data_format.md): with ``U`` distinct ids in the rankings, the ``D - U``
+    items never ranked must not outnumber both ``U`` and ``_MAX_UNSEEN_ITEMS``. One id 57
+    among ids 0..9 (D = 58, U = 11: 47 never ranked) fails; a small file whose ids skip a
+    few items, or a large catalog sampled densely enough, does not.
+    """
+    ids = np.unique(ranking)
+    seen = int(ids.size)
+    unseen = n_items - seen
+    if unseen <= max(seen, _MAX_UNSEEN_ITEMS):
+        return
+    largest = int(ids[-1])
+    row, slot = (int(v) for v in np.argwhere(ranking == largest)[0])
+    others = f"the next largest is {int(ids[-2])}" if seen > 1 else "the only id"
+    cols.fail(
+        "ranking",
+        f"slot {slot} holds item id {largest}, far beyond the others ({others}): n_items would be inferred "
+        f"as max id + 1 = {n_items}, yet only {seen} distinct id(s) appear and {unseen} of the items "
+        f"0..{n_items - 1} are never ranked. Pass n_items={n_items} (opl-rank: --n-items {n_items}) if "
+        "there really are that many items, or fix the id",
+        row,
+    )
 
 
 def _nested_column(cols: _Columns, name: str, n_items: int) -> np.ndarray:

@@ -7,8 +7,29 @@ propensities ([`opl_rank.opl.policies`][opl_rank.opl.policies]); estimators that
 ``f_hat`` at the logged rankings and ``E_{a ~ pi}[f_hat(x, a)]`` ([`model_values`][model_values]).
 Confidence intervals: normal approximation (delta method for ratios) or a percentile
 bootstrap vmapped over resampling keys. Diagnostics: effective sample size
-``(sum w)^2 / sum w^2`` of the estimator's weights and the largest weight; a
-[`DegenerateWeightsWarning`][DegenerateWeightsWarning] when the ESS is below 1% of n or not finite.
+``(sum w)^2 / sum w^2`` of the estimator's weights (the smallest over slots for per-slot
+weights) and the largest weight; a [`DegenerateWeightsWarning`][DegenerateWeightsWarning] when the ESS is
+below 1% of n or the weights are not finite.
+
+When a result can be trusted ([`OPEResult`][OPEResult]'s ``estimable``, ``reason``, ``model_only``,
+``caveat``):
+
+* **Not estimable** -- an importance-weighted estimator (ips, snips, rips, iips, ...) whose
+  weights have no usable mass: all 0 (at some slot, for per-slot weights: a deterministic
+  target off the logged rankings), an ESS below [`MIN_ESS`][MIN_ESS] (= 1.5: one round
+  carries nearly all the weight; of two rounds, one has over 3.7 times the other's weight),
+  or weights that are not finite. Its ``value``, ``stderr``, ``ci_low`` and ``ci_high`` are
+  NaN (never a 0 that arithmetic would carry on with) and ``reason`` says why.
+* **Model only** -- an estimate that rests on the reward model alone: dm always, topk at
+  ``k = 0`` (no importance weights; the logged residual corrects the model's mean error on
+  the logged rankings only), and dr / topk whose weighted correction has no usable mass (the
+  same rule as above). Its interval is the reward model's own sampling interval: it excludes
+  the model's bias. ``model_only`` is true and ``caveat`` says why.
+* **Unreliable** -- estimable, but the ESS is below 1% of n
+  (``DEGENERATE_ESS_FRACTION``): ``caveat`` says so (and the warning is emitted).
+* A bootstrap that cannot form an interval (resamples with no weight mass give ``0 / 0``)
+  is replaced by the normal (delta-method) interval: ``ci_method`` is then ``"normal"`` and
+  ``caveat`` says why.
 """
 
 from __future__ import annotations
@@ -19,10 +40,11 @@ import math
 import warnings
 from collections.abc import Sequence
 from statistics import NormalDist
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
@@ -30,9 +52,13 @@ from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import ModelTerms
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities
 
-__all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate"]
+__all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate", "MIN_ESS", "DEGENERATE_ESS_FRACTION"]
 
-DEGENERATE_ESS_FRACTION = 0.01  # warn when ESS < 1% of n
+DEGENERATE_ESS_FRACTION = 0.01  # warn (and add a caveat) when ESS < 1% of n
+MIN_ESS = 1.5
+"""Below this effective sample size an importance-weighted estimate is not estimable (one
+round carries nearly all the weight: its standard error and interval mean nothing), and a
+dr / topk correction is no correction (the estimate is the reward model's alone)."""
 
 
 class DegenerateWeightsWarning(RuntimeWarning):
@@ -43,7 +69,30 @@ class DegenerateWeightsWarning(RuntimeWarning):
 
 @dataclasses.dataclass(frozen=True)
 class OPEResult:
-    """One estimate with its uncertainty and weight diagnostics."""
+    """One estimate with its uncertainty, weight diagnostics and whether to trust it.
+
+    Attributes:
+      estimator: the estimator's name.
+      value: the estimate; NaN when not ``estimable``.
+      stderr: its standard error (normal approximation; delta method for ratios); NaN when
+        not ``estimable``.
+      ci_low: the interval's lower end; NaN when not ``estimable``.
+      ci_high: the interval's upper end; NaN when not ``estimable``.
+      ci_method: ``"bootstrap"`` or ``"normal"`` (the method actually used: ``"normal"``
+        when a bootstrap could not form an interval, see ``caveat``).
+      n: rounds.
+      ess: effective sample size ``(sum w)^2 / sum w^2`` of the estimator's importance
+        weights (the smallest over slots for per-slot weights; n for dm).
+      max_weight: the largest importance weight.
+      estimable: false when the weights have no usable mass (all 0, ESS below
+        [`MIN_ESS`][MIN_ESS], or not finite): the numbers above are then NaN.
+      reason: why not ``estimable`` (None when estimable).
+      model_only: the estimate rests on the reward model alone (dm; topk at k = 0; dr /
+        topk whose weighted correction has no usable mass): its interval is the model's
+        sampling interval and excludes the model's bias.
+      caveat: what to know about an estimable result (model only, an ESS below 1% of n,
+        a bootstrap replaced by the normal interval), or None.
+    """
 
     estimator: str
     value: float
@@ -52,8 +101,22 @@ class OPEResult:
     ci_high: float
     ci_method: str
     n: int
-    ess: float  # effective sample size of the estimator's importance weights (n for dm)
+    ess: float
     max_weight: float
+    estimable: bool = True
+    reason: str | None = None
+    model_only: bool = False
+    caveat: str | None = None
+
+    def summary(self, digits: int = 3) -> str:
+        """``"5.551 [5.052, 5.909]"`` (plus ``"; caveat"``), or ``"not estimable: reason"``."""
+        if not self.estimable:
+            return f"not estimable: {self.reason}"
+        text = f"{self.value:.{digits}f} [{self.ci_low:.{digits}f}, {self.ci_high:.{digits}f}]"
+        return f"{text}; {self.caveat}" if self.caveat else text
+
+    def __str__(self) -> str:
+        return f"{self.estimator} {self.summary()}"
 
 
 def model_values(
@@ -102,10 +165,68 @@ def _terms(entry: opl_estimators.Estimator, target, data, model, k, max_log_weig
     return entry.terms(target, data, model=model, k=k, max_log_weight=max_log_weight)
 
 
-def _ess(w: jax.Array) -> float:
-    w = jnp.where(jnp.isfinite(w), w, 0.0)
-    total = float(jnp.sum(w * w))
-    return float(jnp.sum(w)) ** 2 / total if total > 0 else 0.0
+def _column_ess(w: np.ndarray) -> np.ndarray:
+    """ESS ``(sum w)^2 / sum w^2`` of each column of ``[n, C]`` (float64: no overflow of
+    ``w^2`` at large weights; 0 for a column of zeros)."""
+    total = np.sum(w * w, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, np.sum(w, axis=0) ** 2 / np.where(total > 0, total, 1.0), 0.0)
+
+
+def _slots(columns: np.ndarray) -> str:
+    """``"slot 3"``, ``"slots 3-5"``, ``"slots 1, 3"`` (1-based)."""
+    idx = [int(c) + 1 for c in columns]
+    if len(idx) == 1:
+        return f"slot {idx[0]}"
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return f"slots {idx[0]}-{idx[-1]}"
+    return "slots " + ", ".join(str(i) for i in idx)
+
+
+class _Trust(NamedTuple):
+    ess: float
+    estimable: bool = True
+    reason: str | None = None
+    model_only: bool = False
+    caveat: str | None = None
+
+
+def _trust(entry: opl_estimators.Estimator, w: jax.Array, n: int, k: int | None) -> _Trust:
+    """Whether an estimator's result can be trusted, from its weights (the module doc's rules)."""
+    cols = np.asarray(w, np.float64)
+    cols = cols[:, None] if cols.ndim == 1 else cols
+    per_slot = cols.shape[1] > 1
+    ess_cols = _column_ess(np.where(np.isfinite(cols), cols, 0.0))
+    worst = int(np.argmin(ess_cols))
+    ess = float(ess_cols[worst])
+    if not np.all(np.isfinite(cols)):
+        return _Trust(ess, False, "importance weights are not finite (inf or NaN; clip them with max_log_weight)")
+    if entry.terms is opl_estimators.dm_terms:
+        return _Trust(ess, model_only=True, caveat="model only: the interval excludes the reward model's bias")
+    if entry.terms is opl_estimators.topk_terms and k == 0:
+        caveat = (
+            "model only: k=0, no importance weights (the residual corrects the model on the logged rankings "
+            "only); the interval excludes the reward model's bias at the target's rankings"
+        )
+        return _Trust(ess, model_only=True, caveat=caveat)
+    no_mass = np.flatnonzero(~np.any(cols > 0, axis=0))
+    if no_mass.size:
+        at = f" at {_slots(no_mass)}" if 0 < no_mass.size < cols.shape[1] else ""
+        problem = f"no weight mass{at}: all importance weights are 0 (a deterministic target off the logged rankings)"
+    elif ess < MIN_ESS:
+        at = f" at {_slots(np.array([worst]))}" if per_slot else ""
+        problem = f"effective sample size {ess:.3f} of {n}{at} (< {MIN_ESS:g}): one round carries nearly all the weight"
+    elif ess < DEGENERATE_ESS_FRACTION * n:
+        at = f" at {_slots(np.array([worst]))}" if per_slot else ""
+        return _Trust(
+            ess, caveat=f"unreliable: effective sample size {ess:.4g} of {n}{at} (< {DEGENERATE_ESS_FRACTION:.0%} of n)"
+        )
+    else:
+        return _Trust(ess)
+    if entry.needs_reward_model:  # dr / topk: the weights carry the correction of the model's bias
+        caveat = f"model only: the correction has {problem}; the interval excludes the reward model's bias"
+        return _Trust(ess, model_only=True, caveat=caveat)
+    return _Trust(ess, False, problem)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))  # compiled once per shape, not once per call
@@ -151,7 +272,10 @@ def evaluate(
       n_samples: Monte Carlo samples for model values / marginals.
 
     Returns:
-      ``{name: OPEResult}``.
+      ``{name: OPEResult}``. A result that cannot be trusted says so (module doc): not
+      ``estimable`` (NaN numbers and a ``reason``: no usable weight mass, ESS below
+      [`MIN_ESS`][MIN_ESS]), ``model_only`` (the interval excludes the reward model's bias), or a
+      ``caveat`` (ESS below 1% of n; a bootstrap replaced by the normal interval).
     """
     if not isinstance(policy, RankingPolicy):
         raise TypeError(
@@ -204,26 +328,53 @@ def evaluate(
         terms = _terms(entry, target, data, model, k, max_log_weight)
         num, den, w = terms.value, terms.normalizer, terms.weight
         n = num.shape[0]
-        if den is None:
-            value = float(jnp.mean(num))
-            stderr = float(jnp.std(num, ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        else:  # ratio estimator: delta-method standard error
-            ratio = jnp.sum(num) / jnp.sum(den)
-            value = float(ratio)
-            stderr = float(jnp.std(num - ratio * den, ddof=1) / (math.sqrt(n) * jnp.mean(den))) if n > 1 else math.nan
-        if ci == "normal":
-            low, high = value - z * stderr, value + z * stderr
+        max_weight = float(jnp.max(w))
+        ess, estimable, reason, model_only, caveat = _trust(entry, w, n, k)
+        method = ci
+        if estimable and n < 2:
+            estimable, reason, model_only, caveat = False, "one round gives no standard error", False, None
+        if not estimable:
+            value = stderr = low = high = math.nan
         else:
-            draws = _bootstrap(num, den, jax.random.fold_in(k_boot, i), n_bootstrap)
-            low, high = (float(q) for q in jnp.quantile(draws, jnp.array([0.5 - level / 2, 0.5 + level / 2])))
-        ess = min(_ess(col) for col in (w.T if w.ndim == 2 else w[None]))
-        results[name] = OPEResult(name, value, stderr, low, high, ci, n, ess, float(jnp.max(w)))
-        if not math.isfinite(ess) or ess < DEGENERATE_ESS_FRACTION * n:
+            if den is None:
+                value = float(jnp.mean(num))
+                stderr = float(jnp.std(num, ddof=1) / math.sqrt(n))
+            else:  # ratio estimator: delta-method standard error
+                ratio = jnp.sum(num) / jnp.sum(den)
+                value = float(ratio)
+                stderr = float(jnp.std(num - ratio * den, ddof=1) / (math.sqrt(n) * jnp.mean(den)))
+            low, high = value - z * stderr, value + z * stderr
+            if ci == "bootstrap":
+                draws = _bootstrap(num, den, jax.random.fold_in(k_boot, i), n_bootstrap)
+                bad = int(jnp.sum(~jnp.isfinite(draws)))
+                if bad == 0:
+                    low, high = (float(q) for q in jnp.quantile(draws, jnp.array([0.5 - level / 2, 0.5 + level / 2])))
+                else:  # resamples without weight mass (0 / 0): no percentile interval
+                    method = "normal"
+                    note = (
+                        f"bootstrap: {bad} of {n_bootstrap} resamples had no weight mass (0/0), "
+                        "so the interval is the normal (delta-method) one"
+                    )
+                    caveat = f"{caveat}; {note}" if caveat else note
+            if not all(math.isfinite(v) for v in (value, stderr, low, high)):
+                reason = f"the estimate or its interval is not finite (value {value:.4g}, stderr {stderr:.4g})"
+                estimable, model_only, caveat = False, False, None
+                value = stderr = low = high = math.nan
+        results[name] = OPEResult(
+            name, value, stderr, low, high, method, n, ess, max_weight, estimable, reason, model_only, caveat
+        )
+        if not math.isfinite(ess) or ess < DEGENERATE_ESS_FRACTION * n or not estimable:
+            if not estimable:
+                verdict = f"it is reported as not estimable: {reason}"
+            elif model_only:
+                verdict = f"its estimate {value:.4g} rests on the reward model alone (model_only)"
+            else:
+                verdict = f"its estimate {value:.4g} is not reliable"
             warnings.warn(
                 DegenerateWeightsWarning(
                     f"ope.evaluate: estimator {name!r} has degenerate importance weights: effective sample "
                     f"size {ess:.4g} of n={n} (below {DEGENERATE_ESS_FRACTION:.0%} of n, or not finite; "
-                    f"largest weight {float(jnp.max(w)):.4g}); its estimate {value:.4g} is not reliable"
+                    f"largest weight {max_weight:.4g}); {verdict}"
                 ),
                 stacklevel=2,
             )

@@ -30,7 +30,7 @@ class KSelection:
 
     k: int
     estimator: str
-    table: list[dict[str, Any]]  # one row per k: k, value, stderr, ci_low, ci_high, ess
+    table: list[dict[str, Any]]  # one row per k: k, value, stderr, ci_low, ci_high, ess, estimable, reason
     policies: dict[int, Any]  # the candidates, fitted on the training part
 
 
@@ -60,7 +60,9 @@ def select_k(
         topk (its Monte Carlo error averages over the rounds; 64 is ample).
 
     Returns:
-      [`KSelection`][KSelection]; ties go to the smaller k.
+      [`KSelection`][KSelection]; ties go to the smaller k. A candidate whose estimate is not
+      estimable ([`opl_rank.opl.ope.OPEResult`][opl_rank.opl.ope.OPEResult]: no usable weight mass; its value is NaN)
+      cannot be chosen; a ValueError when no candidate is estimable.
     """
     if config.method != "rpod":
         raise ValueError(f"select_k needs an 'rpod' LearnerConfig, got method {config.method!r}")
@@ -101,7 +103,16 @@ def select_k(
                 "ci_low": result.ci_low,
                 "ci_high": result.ci_high,
                 "ess": result.ess,
+                "estimable": result.estimable,
+                "reason": result.reason,
             }
         )
-    best = max(table, key=lambda row: (row["value"], -row["k"]))
+    candidates = [row for row in table if row["estimable"]]
+    if not candidates:
+        why = "; ".join(f"k={row['k']}: {row['reason']}" for row in table)
+        raise ValueError(
+            f"select_k: estimator {estimator!r} cannot estimate any candidate's value on the hold-out rounds "
+            f"({why}); choose another estimator (dr)"
+        )
+    best = max(candidates, key=lambda row: (row["value"], -row["k"]))
     return KSelection(best["k"], estimator, table, policies)
