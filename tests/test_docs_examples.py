@@ -103,6 +103,7 @@ def test_docs_have_python_examples():
     assert _python_docs(), "no ```python blocks found in README.md or docs/*.md"
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("doc", _python_docs())
 def test_python_blocks_run(doc, tmp_path):
     import json

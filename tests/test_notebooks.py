@@ -99,6 +99,7 @@ def _inline_images(nb) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_executes_at_smallest_size(notebook, tmp_path):
     pd = pytest.importorskip("pandas")

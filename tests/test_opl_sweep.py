@@ -99,6 +99,7 @@ def test_sweep_config_errors(extra, message, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.filterwarnings("ignore:os.fork")  # Ray starts its own daemons with fork_exec
 def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
     # Keys come from each cell, never from execution order: two worker processes and a

@@ -231,6 +231,7 @@ def test_the_plugin_learner_is_swept(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_command_line_fits_evaluates_and_ranks_with_a_plugin(tmp_path):
     """``--plugin`` imports the module in a fresh process: its learner fits, its saved policy
     class loads for evaluate and rank."""

@@ -144,6 +144,7 @@ def test_one_run_per_folder(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsys):
     seeds = "0,1,2,3,4,5"
     cache = tmp_path / "jax"
@@ -183,6 +184,7 @@ def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsy
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ctrl_c_at_random_points_ends_with_one_line_and_resumes(tmp_path):
     """SIGINT (Ctrl-C) at start-up, mid-cell and between cells: exit 130, one line saying
     what was kept and how to resume, no traceback; the resumed table is the uninterrupted one."""

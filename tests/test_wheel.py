@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run(
