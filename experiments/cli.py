@@ -318,7 +318,9 @@ def _add_byo_parsers(sub: Any) -> None:
         help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
     )
     ev.add_argument("--json", action="store_true", help="print the table as one JSON object")
-    ev.add_argument("--quiet", "-q", action="store_true", help="print only the result (no warnings' context lines)")
+    ev.add_argument(
+        "--quiet", "-q", action="store_true", help="accepted as by every command (evaluate draws no progress bars)"
+    )
 
     rank = sub.add_parser(
         "rank",
@@ -347,7 +349,9 @@ def _add_byo_parsers(sub: Any) -> None:
         help="import MODULE first (it registers a learner, an estimator or a policy class); repeatable",
     )
     rank.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    rank.add_argument("--quiet", "-q", action="store_true", help="print only the result")
+    rank.add_argument(
+        "--quiet", "-q", action="store_true", help="accepted as by every command (rank draws no progress bars)"
+    )
 
 
 def _byo(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
