@@ -25,6 +25,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from experiments.sweep_cell import OUTCOME_COLUMNS as _SWEEP_OUTCOME_COLUMNS
+
 __all__ = [
     "load_rows",
     "results_file",
@@ -41,22 +43,9 @@ __all__ = [
 
 
 REQUIRED_COLUMNS = ("method", "k", "reward_model", "lambda", "n", "D", "L", "seed", "V", "normalized_gain")
-# What a row measures or which fit it is; every other column is a setting axis.
-OUTCOME_COLUMNS = (
-    "method",
-    "k",
-    "reward_model",
-    "seed",
-    "V",
-    "V_se",
-    "V0",
-    "V_star",
-    "V_star_method",
-    "normalized_gain",
-    "fit_seconds",
-    "k_selected",
-    "selector",
-)
+# What a row measures or which fit it is (the sweep's row schema); every other column is a
+# setting axis.
+OUTCOME_COLUMNS = _SWEEP_OUTCOME_COLUMNS
 # Setting axes every report names (the paper's grid); n is the tables' column axis.
 GRID_AXES = ("D", "L", "lambda", "n")
 # Setting columns load_rows parses itself (strings, or the ints and floats below).

@@ -55,6 +55,11 @@ ROW_COLUMNS = (
     "k_selected",
     "selector",
 )
+# The columns of a row that say which fit it is or what it measured; the others (simulator,
+# logging policy, D, L, tau, lambda, n and the declared axes) are its setting.
+OUTCOME_COLUMNS = tuple(
+    c for c in ROW_COLUMNS if c not in ("simulator", "logging_policy", "lambda", "n", "D", "L", "tau")
+)
 _CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "seed", "n": "n"}  # cell key -> row column
 
 
