@@ -537,6 +537,11 @@ def _simulate_registered(args: argparse.Namespace) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(OPLSweep)}
     options = {k: v for k, v in values.items() if k in spec.options}
     config_values = {k: v for k, v in values.items() if k not in spec.options}
+    flagged = {"n_items": "-D", "ranking_length": "-L", "tau": "--tau", "lam": "--lam", "sigma": "--sigma",
+               "logging_policy": "--logging-policy", "seeds": "--seed", "n": "--n"}  # fmt: skip
+    for key in config_values:
+        if key in flagged:
+            raise ValueError(f"--set {key}: simulate sets it with its own flag; use {flagged[key]}")
     if config_values.get("letor_path"):  # a file, or dataset:NAME (a shipped sample)
         from experiments.config import resolve_path
 
@@ -709,7 +714,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nopl-rank {args.command}: interrupted{detail}", file=sys.stderr)
         return INTERRUPTED
     if args.json:
-        print(json.dumps(summary))
+        from experiments.byo_logs import _finite
+
+        print(json.dumps(_finite(summary)))  # NaN / inf as null: strict JSON readers (jq) refuse NaN
     else:
         _print_summary(summary)
     return 0
@@ -743,9 +750,10 @@ def _on_sigint(signum: int, frame: Any) -> None:
     # down around JAX's compiler and worker threads crashed 1 of 5 tries. So Ctrl-C ends the
     # process here and now: one line, exit 130. Every finished cell is already on disk
     # (written atomically); a half-written one is a temporary file the next run removes.
-    print(f"\n{_interrupted_line()}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(INTERRUPTED)
+    try:  # a raw write: a print could re-enter a buffered write the signal interrupted
+        os.write(2, f"\n{_interrupted_line()}\n".encode())
+    finally:
+        os._exit(INTERRUPTED)
 
 
 def console_main() -> None:

@@ -176,6 +176,18 @@ def _has_cells(folder: str) -> bool:
     )
 
 
+def _started_but_empty(folder: str) -> bool:
+    """The folder of a run like this one (it has ``cells/``) that finished no cell and wrote
+    no table: its config.yaml protects nothing. Another tool's folder (no ``cells/``) or one
+    whose cells were deleted after its tables were written is not."""
+    written = ("results.csv", "results.parquet", "report.md", "history.csv")
+    return (
+        os.path.isdir(os.path.join(folder, "cells"))
+        and not _has_cells(folder)
+        and not any(os.path.exists(os.path.join(folder, name)) for name in written)
+    )
+
+
 def _remove_partial_writes(cells: str) -> None:
     """Temporary files of an atomic write that a killed run left (the lock is held: no
     writer of this folder is alive)."""
@@ -227,7 +239,7 @@ def open_run_folder(
         stack.enter_context(folder_lock(folder, echo=echo))
         stored = _stored_config(folder)
         diff = _differences(stored, config, exclude) if stored is not None else []
-        if diff and not _has_cells(folder):  # a run that stopped before its first cell: nothing to protect
+        if diff and _started_but_empty(folder):  # a run that stopped before its first cell: nothing to protect
             echo(f"{folder}: its config.yaml is of an earlier run that finished no cell; this run replaces it")
             stored, diff = None, []
         if diff:

@@ -201,8 +201,14 @@ def run_group(
         if method == "rpod-ope":
             select_keys = jnp.stack([jax.random.fold_in(kf, 1) for kf in k_fit])
             options = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
-            selections = [select_k(d, k, config("rpod", 0, kind), **options) for d, k in zip(datas, select_keys)]
-            chosen, selector = [sel.k for sel in selections], f"ope:{sweep.ope_estimator}"
+            selector = f"ope:{sweep.ope_estimator}"
+            for s, (d, key) in enumerate(zip(datas, select_keys)):
+                try:
+                    chosen[s] = select_k(d, key, config("rpod", 0, kind), **options).k
+                except ValueError as err:  # no candidate k is estimable on the hold-out: a row that says so
+                    if "estimable" not in str(err):
+                        raise
+                    selector = f"ope:{sweep.ope_estimator} (no k estimable)"
         elif method == "rpod-oracle":  # the paper's oracle: true value plus U(-Dmax, Dmax), Dmax = |V| / divisor
             table = np.array([[v.value for v in values_of("rpod", c, kind)[0]] for c in candidates])  # [K, S]
             for s in range(len(group)):
@@ -211,7 +217,10 @@ def run_group(
                 chosen[s] = candidates[int(np.argmax(table[:, s] + noise * np.abs(table[:, s]) / k))]
             selector = f"oracle:V/{k:g}"
         if method in SELECTION_METHODS:
-            values = [values_of("rpod", c, kind)[0][s] for s, c in enumerate(chosen)]
+            from simulators.rollout import PolicyValue
+
+            unknown = PolicyValue(math.nan, math.nan, 0)  # no k chosen: no value (never a silent k)
+            values = [unknown if c is None else values_of("rpod", c, kind)[0][s] for s, c in enumerate(chosen)]
             seconds = (time.perf_counter() - start) / len(group)
             k = None
         else:

@@ -219,19 +219,24 @@ class OPLSweep:
     def _check_axes(self, spec: Any) -> None:
         """Axes name config keys or the simulator's options; values are unique and typed."""
         from experiments.config import _coerce
+        from experiments.sweep_cell import ROW_COLUMNS
 
         options = dict(spec.options)
-        for name, _ in self.env_options or ():
+        for name, value in self.env_options or ():
             if name not in options:
                 raise ValueError(
                     f"env_options: simulator {self.simulator!r} has no option {name!r}; "
                     f"its options: {sorted(options) or 'none'}"
                 )
+            if value is not None and not isinstance(value, (int, float, str, bool)):
+                raise ValueError(f"env_options.{name}: a value must be a number, a string or a boolean, got {value!r}")
         hints = typing.get_type_hints(OPLSweep)
         coerced = []
         for name, values in self.axes or ():
             if name in _PAPER_AXES:
                 raise ValueError(f"axes: {name!r} is a grid key of its own: list its values as {name}: [...]")
+            if name in ROW_COLUMNS or name in _CELL_NAMES:  # it would overwrite a column of every row
+                raise ValueError(f"axes: {name!r} names a column of the results table; it cannot be an axis")
             if name in options:
                 pass  # a simulator option: its factory checks the values
             elif name in config_axis_names():
@@ -249,6 +254,12 @@ class OPLSweep:
                 )
             if name in dict(self.env_options or ()):
                 raise ValueError(f"{name!r} is both an axis and a fixed env_options value: keep one")
+            shown = [_name_part(v) for v in values]  # cell file names must tell the values apart
+            if len(set(shown)) != len(shown):
+                raise ValueError(
+                    f"axes.{name}: values {list(values)} would share cell file names ({shown}); "
+                    "give values that differ as text (letters, digits, '.', '+', '-')"
+                )
             coerced.append((name, values))
         object.__setattr__(self, "axes", tuple(coerced) or None)
         for name, values in self.axes or ():  # each value must make a valid config
@@ -400,7 +411,12 @@ def cell_name(cell: dict[str, Any]) -> str:
     then ``_<axis><value>`` per declared axis."""
     name = "D{D}_L{L}_tau{tau}_lam{lam}_seed{seed}_n{n}".format(**cell)
     extra = [k for k in cell if k not in _CELL_NAMES]
-    return name + "".join(f"_{k}{re.sub(r'[^A-Za-z0-9.+-]', '-', str(cell[k]))}" for k in extra)
+    return name + "".join(f"_{k}{_name_part(cell[k])}" for k in extra)
+
+
+def _name_part(value: Any) -> str:
+    """An axis value as it stands in a cell file name (case kept; other characters as '-')."""
+    return re.sub(r"[^A-Za-z0-9.+-]", "-", str(value))[:64]
 
 
 _CELL_NAMES = ("D", "L", "tau", "lam", "seed", "n")

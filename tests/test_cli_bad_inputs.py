@@ -75,6 +75,20 @@ def test_bad_inputs_give_one_line_and_exit_2(args, needles, capsys, tmp_path, mo
     assert not (tmp_path / "out").exists()  # validation before any file is written
 
 
+def test_another_tools_folder_is_not_taken_over(tmp_path, capsys):
+    out = tmp_path / "ltr_run"
+    out.mkdir()
+    (out / "config.yaml").write_text("epochs: 3\n")  # an opl-rank ltr folder: no cells/
+    (out / "history.csv").write_text("epoch\n")
+    args = ["sweep", "--config", os.path.join(ROOT, SMALL), *TINY_SWEEP, "--set", f"output_dir={out}", "--quiet"]
+    _one_line_error(capsys, args, "holds results of a different config")
+    assert (out / "config.yaml").read_text() == "epochs: 3\n"
+
+
+def test_simulate_refuses_set_for_what_has_a_flag(capsys):
+    _one_line_error(capsys, ["simulate", "--simulator", "synthetic", "--set", "sigma=0.9"], "use --sigma")
+
+
 def test_a_folder_whose_run_finished_no_cell_takes_the_corrected_config(tmp_path, capsys):
     out = tmp_path / "sweep"
     (out / "cells").mkdir(parents=True)

@@ -306,3 +306,10 @@ def test_cli_trust_edited_policy_loads_it_with_a_warning(saved, tmp_path, logs_f
         assert main([*evaluate, "--trust-edited-policy"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["k"] == K and list(report["estimates"]) == ["ips"]
+
+
+def test_params_file_must_stay_in_the_policy_folder(saved, tmp_path):
+    """Even with the checksums forged, the parameters are read from beside policy.json only."""
+    directory = _copy(saved, tmp_path, edit=lambda d: d.update(params_file="../elsewhere.msgpack"), rehash=True)
+    with pytest.raises(ValueError, match="params_file must be a file name"):
+        load_policy(directory, trust_edited_spec=True)

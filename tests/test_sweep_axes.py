@@ -127,6 +127,20 @@ def test_bad_axes_are_errors_naming_them(extra, message):
         OPLSweep(**TINY, **extra)
 
 
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (dict(axes={"score_scale": [1, "1"]}), "would share cell file names"),
+        (dict(axes={"score_scale": ["a b", "a/b"]}), "would share cell file names"),
+        (dict(env_options={"score_scale": [1, 2]}), "env_options.score_scale: a value must be"),
+        (dict(axes={"k": [1, 2]}), "names a column of the results table"),
+    ],
+)
+def test_axes_that_would_clash_are_refused(extra, message):
+    with pytest.raises(ValueError, match=message):
+        OPLSweep(**TOY, **extra)
+
+
 def test_axes_from_the_command_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("n_items: [5]\nranking_length: [3]\naxes:\n  sigma: [0.1]\n")

@@ -430,7 +430,10 @@ def _load(directory: str | os.PathLike, trust_edited_spec: bool, stacklevel: int
     spec = _read_spec(directory, trust_edited_spec, stacklevel)
     directory = os.fspath(directory)
     spec_path = os.path.join(directory, SPEC_FILE)
-    path = os.path.join(directory, str(spec.get("params_file", PARAMS_FILE)))
+    name = str(spec.get("params_file", PARAMS_FILE))
+    if os.path.basename(name) != name or name in ("", ".", ".."):  # the parameters live beside policy.json
+        raise ValueError(f"{spec_path}: params_file must be a file name in the policy's folder, got {name!r}")
+    path = os.path.join(directory, name)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (the parameters named by {spec_path})")
     with open(path, "rb") as f:
