@@ -37,11 +37,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from opl_rank import tuning
 from opl_rank.data import LoggedData
+from opl_rank.staging import stage
 
 __all__ = [
     "TrainConfig",
     "TrainResult",
+    "TrainState",
+    "EpochLoop",
+    "init_state",
+    "train_epochs",
+    "chunk_epochs",
+    "run_loop",
     "make_optimizer",
     "train",
     "train_jit",
@@ -227,6 +235,31 @@ def _n_rows(data: Any) -> int:
     return int(next(iter(_rows_of(data).values())).shape[0])
 
 
+class TrainState(NamedTuple):
+    """What a run carries from epoch to epoch (and from one chunk of epochs to the next).
+
+    Attributes:
+      params: current parameters.
+      opt_state: the optimiser's state.
+      key: PRNG key of the next epoch.
+      best_loss: lowest validation loss so far (inf without validation rows).
+      best_params: parameters at ``best_loss`` (returned with early stopping).
+      since_best: epochs run since ``best_loss`` (int32).
+    """
+
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    best_loss: jax.Array
+    best_params: Any
+    since_best: jax.Array
+
+
+def init_state(optimizer: optax.GradientTransformation, params: Any, key: jax.Array) -> TrainState:
+    """The state before the first epoch."""
+    return TrainState(params, optimizer.init(params), key, jnp.float32(jnp.inf), params, jnp.int32(0))
+
+
 def train(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -263,13 +296,68 @@ def train(
       patience: early stopping (needs ``valid``).
       metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
       listener: an int32 token from [`listen`][listen]: its host callback receives every
-        epoch's record as the run goes (progress, timing); results do not depend on it.
+        epoch's record as the run goes; results do not depend on it. A program with a host
+        callback cannot be kept by the persistent compilation cache: the library's own fits
+        report progress between chunks of epochs instead ([`EpochLoop`][EpochLoop]).
       devices: data parallelism (static; see [`TrainConfig`][TrainConfig]): None, a device count
         or ``"all"``. Call through [`train_jit`][train_jit], which also replicates the inputs on
         the devices.
 
     Returns:
       [`TrainResult`][TrainResult] with history arrays ``[epochs]``.
+    """
+    state, history = train_epochs(
+        loss_fn,
+        optimizer,
+        init_state(optimizer, params, key),
+        data,
+        jnp.int32(0),
+        epochs=epochs,
+        chunk=epochs,
+        batch_size=batch_size,
+        aux=aux,
+        valid=valid,
+        valid_loss_fn=valid_loss_fn,
+        patience=patience,
+        metrics_fn=metrics_fn,
+        listener=listener,
+        devices=devices,
+    )
+    stopping = valid is not None and patience is not None
+    return TrainResult(state.best_params if stopping else state.params, history)
+
+
+def train_epochs(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    state: TrainState,
+    data: Any,
+    first_epoch: jax.Array,
+    *,
+    epochs: int,
+    chunk: int,
+    batch_size: int,
+    aux: Any = None,
+    valid: Any = None,
+    valid_loss_fn: LossFn | None = None,
+    patience: int | None = None,
+    metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None,
+    listener: jax.Array | None = None,
+    devices: int | str | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Epochs ``first_epoch .. first_epoch + chunk - 1`` of a run of ``epochs`` (pure, jit-able).
+
+    Epochs at or past ``epochs`` (padding of the last chunk) and epochs after early
+    stopping do nothing (``active`` False). Running a run's epochs in chunks, each from the
+    state the last one returned, gives the parameters and history of one scan over all
+    epochs: every epoch draws its keys from the carried key, whatever the chunking.
+
+    Args: as [`train`][train], plus ``state`` ([`init_state`][init_state] or a previous chunk's),
+      ``first_epoch`` (int32 scalar, traced: one program serves every chunk) and ``chunk``
+      (static: epochs per call).
+
+    Returns:
+      ``(state, history)`` with history arrays ``[chunk]``.
     """
     n = _n_rows(data)
     batch = min(batch_size, n)
@@ -321,7 +409,7 @@ def train(
     def epoch(carry, index):
         params, opt_state, key, best_loss, best_params, since_best = carry
         key, k_epoch, k_valid = jax.random.split(key, 3)
-        active = since_best < (patience if stopping else epochs + 1)
+        active = (index < epochs) & (since_best < (patience if stopping else epochs + 1))
         params, opt_state, train_loss, bad_step = jax.lax.cond(
             active, run_epoch, lambda p, s, k: (p, s, jnp.float32(jnp.nan), jnp.int32(-1)), params, opt_state, k_epoch
         )
@@ -337,11 +425,158 @@ def train(
             record.update(metrics_fn(params, valid, k_valid))
         if listener is not None:
             jax.debug.callback(_notify, listener, index + 1, record, ordered=True)
-        return (params, opt_state, key, best_loss, best_params, since_best), record
+        return TrainState(params, opt_state, key, best_loss, best_params, since_best), record
 
-    init = (params, optimizer.init(params), key, jnp.float32(jnp.inf), params, jnp.int32(0))
-    (params, _, _, _, best_params, _), history = jax.lax.scan(epoch, init, jnp.arange(epochs))
-    return TrainResult(best_params if stopping else params, history)
+    state, history = jax.lax.scan(epoch, TrainState(*state), first_epoch + jnp.arange(chunk, dtype=jnp.int32))
+    return state, history
+
+
+def chunk_epochs(epochs: int, n_rows: int, batch_size: int) -> int:
+    """Epochs per compiled chunk: all of them when the run has at most
+    ``tuning.CHUNK_STEPS`` optimiser steps, else the fewest chunks of equal length that keep
+    each under that many steps (the host reports progress between chunks)."""
+    steps_per_epoch = max(n_rows // min(batch_size, n_rows), 1)
+    chunks = max(-(-epochs * steps_per_epoch // max(tuning.CHUNK_STEPS, 1)), 1)
+    return -(-epochs // min(chunks, epochs))
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochLoop:
+    """One training run's static settings: the key of its compiled chunk program.
+
+    Two fits with equal loops (the same loss and optimiser objects, the same ints) share
+    one compiled program, in this process and -- through the persistent compilation cache,
+    as the program holds no host callback -- in the next ones.
+
+    Attributes:
+      loss_fn: ``(params, batch, key, aux) -> scalar``.
+      optimizer: an ``optax.GradientTransformation``.
+      epochs: epochs of the run.
+      chunk: epochs per compiled call ([`chunk_epochs`][chunk_epochs]).
+      batch_size: rows per step (capped at ``n``).
+      patience: early stopping (None: none; it needs validation rows).
+      valid_loss_fn: loss on the validation rows (default ``loss_fn``).
+      metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
+      devices: data parallelism ([`TrainConfig.devices`][TrainConfig]).
+    """
+
+    loss_fn: LossFn
+    optimizer: optax.GradientTransformation
+    epochs: int
+    chunk: int
+    batch_size: int
+    patience: int | None = None
+    valid_loss_fn: LossFn | None = None
+    metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None
+    devices: int | str | None = None
+
+    def init(self, params: Any, key: jax.Array) -> TrainState:
+        """The state before the first epoch (pure)."""
+        return init_state(self.optimizer, params, key)
+
+    def run_chunk(
+        self, state: TrainState, data: Any, first_epoch: jax.Array, aux: Any, valid: Any
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """``chunk`` epochs from ``first_epoch`` (pure; [`train_epochs`][train_epochs])."""
+        return train_epochs(
+            self.loss_fn,
+            self.optimizer,
+            state,
+            data,
+            first_epoch,
+            epochs=self.epochs,
+            chunk=self.chunk,
+            batch_size=self.batch_size,
+            aux=aux,
+            valid=valid,
+            valid_loss_fn=self.valid_loss_fn,
+            patience=self.patience if valid is not None else None,
+            metrics_fn=self.metrics_fn,
+            devices=self.devices,
+        )
+
+    def result_params(self, state: TrainState, has_valid: bool) -> Any:
+        """The run's answer: the best validation epoch's parameters with early stopping."""
+        return state.best_params if has_valid and self.patience is not None else state.params
+
+
+def run_loop(
+    loop: EpochLoop,
+    state: TrainState,
+    data: Any,
+    *,
+    aux: Any = None,
+    valid: Any = None,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    batched: bool = False,
+) -> tuple[TrainState, dict[str, np.ndarray]]:
+    """Run ``loop``'s epochs as compiled chunks from the host.
+
+    After each chunk the host reads its history: ``on_epoch(epoch, record)`` is called for
+    every epoch that ran (per seed when ``batched``), and once every run has stopped early
+    no further chunk is dispatched. The programs are the same with and without
+    ``on_epoch``, so are the results, bit for bit.
+
+    Args:
+      loop: the run's [`EpochLoop`][EpochLoop].
+      state: from ``loop.init`` (compiled: [`opl_rank.staging.stage`][opl_rank.staging.stage]).
+      data, aux, valid: as for [`train`][train]; [`opl_rank.staging.Packed`][opl_rank.staging.Packed]
+        where a seed axis is stacked.
+      on_epoch: progress callback (host).
+      batched: every input has a leading seed axis ``[S, ...]`` (``jax.vmap``).
+
+    Returns:
+      The final state and the history as arrays ``[epochs_run]`` (``[S, epochs_run]``).
+    """
+    call = _chunk_program(loop, batched)
+    mesh = data_mesh(loop.devices)
+    if mesh is not None:
+        data, aux, valid = _replicate((data, aux, valid), mesh)
+    histories: list[dict[str, np.ndarray]] = []
+    for first in range(0, loop.epochs, loop.chunk):
+        if mesh is not None:
+            state = _replicate(state, mesh)
+        with partitioner(loop.devices, _one_key(state.key, batched)):
+            state, history = call(state, data, np.int32(first), aux, valid)
+        history = jax.device_get(history)
+        histories.append(history)
+        if on_epoch is not None:
+            _replay(on_epoch, history, first, batched)
+        if not np.any(history["active"][..., -1]):
+            break  # every run has stopped (or finished): the rest would do nothing
+    merged = {name: np.concatenate([h[name] for h in histories], axis=-1)[..., : loop.epochs] for name in histories[0]}
+    return state, merged
+
+
+# Keyed by the loop's value (a bound method compares its instance by identity): equal loops
+# built by separate fits share one jitted function, hence one compilation.
+@functools.lru_cache(maxsize=256)
+def _chunk_program(loop: EpochLoop, batched: bool) -> Callable[..., Any]:
+    return stage(loop.run_chunk, batched, (2,))
+
+
+@functools.lru_cache(maxsize=256)
+def _init_program(loop: EpochLoop) -> Callable[..., Any]:
+    return stage(loop.init, False)
+
+
+def _one_key(key: jax.Array, batched: bool) -> jax.Array:
+    return key[0] if batched else key
+
+
+def _replay(
+    on_epoch: Callable[[int, dict[str, float]], None], history: dict[str, np.ndarray], first: int, batched: bool
+) -> None:
+    """``on_epoch`` for every epoch of a chunk's history that ran (each seed's in turn)."""
+    runs = (
+        [history] if not batched else [{n: v[s] for n, v in history.items()} for s in range(history["active"].shape[0])]
+    )
+    for run in runs:
+        for e in np.nonzero(run["active"])[0]:
+            on_epoch(
+                first + int(e) + 1,
+                {name: float(v[e]) for name, v in run.items() if name not in ("active", "nonfinite_step")},
+            )
 
 
 # Host callbacks of running fits, by token: a dispatch table for progress and timing only
@@ -430,6 +665,12 @@ def train_jit(
     )
     with _partitioner_for(key):
         return _train_compiled(loss_fn, optimizer, params, data, key, **options)
+
+
+def partitioner(devices: int | str | None, key: jax.Array) -> contextlib.AbstractContextManager:
+    """The partitioner context of programs fed by a data-parallel run's (replicated) arrays:
+    none without ``devices``; see [`_partitioner_for`][_partitioner_for]."""
+    return contextlib.nullcontext() if devices is None else _partitioner_for(key)
 
 
 def _partitioner_for(key: jax.Array) -> contextlib.AbstractContextManager:
@@ -521,24 +762,18 @@ def minimize(
     """
     if on_epoch is None and config.progress:
         on_epoch = print_epoch(config.epochs)
-    with contextlib.ExitStack() as stack:
-        token = None if on_epoch is None else stack.enter_context(listen(on_epoch))
-        result = train_jit(
-            loss_fn,
-            optimizer or config.make_optimizer(),
-            params,
-            data,
-            key,
-            epochs=config.epochs,
-            batch_size=config.batch_size,
-            aux=aux,
-            valid=valid,
-            valid_loss_fn=valid_loss_fn,
-            patience=config.patience,
-            metrics_fn=metrics_fn,
-            listener=token,
-            devices=config.devices,
-        )
-        jax.block_until_ready(result)
-    check_finite(result.history, name)
-    return TrainResult(result.params, history_records(result.history))
+    loop = EpochLoop(
+        loss_fn,
+        optimizer or config.make_optimizer(),
+        config.epochs,
+        chunk_epochs(config.epochs, _n_rows(data), config.batch_size),
+        config.batch_size,
+        config.patience,
+        valid_loss_fn,
+        metrics_fn,
+        config.devices,
+    )
+    state = _init_program(loop)(params, key)
+    state, history = run_loop(loop, state, data, aux=aux, valid=valid, on_epoch=on_epoch)
+    check_finite(history, name)
+    return TrainResult(loop.result_params(state, valid is not None), history_records(history))

@@ -123,9 +123,9 @@ def test_degenerate_inputs_give_finite_policies(setting):
 def test_refitting_with_new_lambda_or_seed_does_not_recompile(setting, caplog):
     env, data, _ = setting
     config = _config("rpod", k=1)
-    fit(data, make_key(20), config)  # compiles the reward-model and first-stage steps
+    fit(data, make_key(20), config)  # compiles every stage of the fit
     other = env.with_lambda(0.9).sample_logged_data(make_key(21), data.n_rounds, position_marginals="exact")
-    compiled = lambda: [r.getMessage() for r in caplog.records if "Compiling jit(train)" in r.getMessage()]
+    compiled = lambda: [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     with jax.log_compiles(True):
         caplog.clear()
         fit(other, make_key(22), config)  # new lambda, data and seed; same shapes

@@ -27,7 +27,6 @@ propensities cannot overflow float32; set ``math.inf`` to disable.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import warnings
@@ -43,9 +42,18 @@ from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import ModelTerms, estimate
 from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
 from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
-from opl_rank.optimization import TrainConfig, TrainResult, check_finite, listen, train_jit
+from opl_rank.optimization import (
+    EpochLoop,
+    TrainConfig,
+    TrainResult,
+    check_finite,
+    chunk_epochs,
+    partitioner,
+    run_loop,
+)
 from opl_rank.pl import marginals
 from opl_rank.scorers import make_scorer
+from opl_rank.staging import Packed, leading_rows, pack, stack, stage
 
 __all__ = [
     "MODEL_METHODS",
@@ -61,6 +69,8 @@ __all__ = [
     "fit_seeds",
     "fit_arrays",
 ]
+
+EpochCallback = Callable[[str, int, dict[str, float]], None]  # (part, epoch, record): progress of a fit
 
 MODEL_METHODS = ("regression", "rpod")  # methods that are not one registered estimator
 SLOT_MARGINALS = ("auto", "exact", "sampled", "insertion")  # LearnerConfig.slot_marginals
@@ -363,64 +373,122 @@ def _reward_model(plan: _Plan, params: Any, position_weight: jax.Array) -> Rewar
 
 def fit_arrays(
     plan: _Plan,
-    data: LoggedData,
+    data: LoggedData | Packed,
     key: jax.Array,
     reward_params: Any = None,
     *,
-    listeners: tuple[Any, Any] = (None, None),
+    on_epoch: EpochCallback | None = None,
+    batched: bool = False,
 ) -> dict[str, TrainResult | None]:
-    """The fit as a pure function of arrays (jit-able; ``jax.vmap`` over seeds).
+    """The fit as compiled stages of array programs, driven from the host.
+
+    The steps -- hold out validation rows, train f_hat in chunks of epochs, compute the
+    second stage's completion orders, train the policy in chunks -- are each one cached
+    program ([`opl_rank.staging.stage`][opl_rank.staging.stage]) free of host callbacks, so
+    they are compiled once and kept by the persistent compilation cache; progress is
+    reported between chunks ([`opl_rank.optimization.run_loop`][opl_rank.optimization.run_loop]).
 
     Args:
       plan: what to fit (from the config and the data's shapes).
-      data: logged rounds.
-      key: PRNG key.
+      data: logged rounds; with ``batched``, ``S`` seeds' rounds stacked as a
+        [`opl_rank.staging.Packed`][opl_rank.staging.Packed].
+      key: PRNG key (``[S]`` keys with ``batched``).
       reward_params: an f_hat fitted elsewhere (two-step kinds); None fits it here.
-      listeners: tokens of [`opl_rank.optimization.listen`][opl_rank.optimization.listen] for the reward model's and
-        the policy's epochs (progress only; results do not depend on them).
+      on_epoch: ``(part, epoch, record)`` after every epoch, ``part`` ``"reward"`` or
+        ``"policy"`` (progress only; results do not depend on it).
+      batched: fit the ``S`` seeds at once (``jax.vmap`` of every stage).
 
     Returns:
-      ``{"reward": TrainResult or None, "policy": TrainResult or None}`` with history arrays.
+      ``{"reward": TrainResult or None, "policy": TrainResult or None}`` with history arrays
+      (``[S, ...]`` leaves with ``batched``).
     """
     config = plan.config
-    k_split, k_reward, k_init, k_fit = jax.random.split(key, 4)
-    valid = None
-    if config.valid_fraction > 0:
-        data, valid = train_val_split(data, k_split, config.valid_fraction)
+    devices = config.train.devices if config.train.devices is not None else config.reward_train.devices
+    with partitioner(devices, key[0] if batched else key):  # stages fed by a data-parallel run's arrays
+        return _fit_stages(plan, data, key, reward_params, on_epoch, batched)
+
+
+def _fit_stages(
+    plan: _Plan,
+    data: LoggedData | Packed,
+    key: jax.Array,
+    reward_params: Any,
+    on_epoch: EpochCallback | None,
+    batched: bool,
+) -> dict[str, TrainResult | None]:
+    config = plan.config
+    rows, valid, k_reward, k_init, k_fit = stage(_split_stage(config.valid_fraction), batched)(pack(data), key)
     out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
+    progress = (lambda part: None) if on_epoch is None else (lambda part: functools.partial(on_epoch, part))
     if plan.reward_module is not None and reward_params is None:
         fitted_reward = train_reward_params(
-            plan.reward_module, "sum", data, k_reward, config.reward_train, listener=listeners[0]
+            plan.reward_module,
+            "sum",
+            rows,
+            k_reward,
+            config.reward_train,
+            on_epoch=progress("reward"),
+            batched=batched,
         )
         out["reward"] = fitted_reward
         reward_params = fitted_reward.params
     elif reward_params is not None:
         out["reward"] = TrainResult(reward_params, None)
     if plan.estimator is not None:
-        train = config.train
-        first_context = data.context[:1]
-        # the rows trained on: the logged rows, or (with completion orders) (rows, per-row extras)
+        loop = _policy_loop(plan, leading_rows(rows, batched))
+        rows, valid, state = stage(_policy_start(plan, loop), batched)(rows, valid, reward_params, k_init, k_fit)
+        state, history = run_loop(
+            loop, state, rows, aux=reward_params, valid=valid, on_epoch=progress("policy"), batched=batched
+        )
+        out["policy"] = TrainResult(loop.result_params(state, valid is not None), history)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _split_stage(valid_fraction: float) -> Callable:
+    """``(data, key) -> (rows, valid or None, k_reward, k_init, k_fit)``: the fit's keys and its
+    held-out validation rows (as [`Packed`][opl_rank.staging.Packed] rows)."""
+
+    def split(data: LoggedData, key: jax.Array):
+        k_split, k_reward, k_init, k_fit = jax.random.split(key, 4)
+        valid = None
+        if valid_fraction > 0:
+            data, valid = train_val_split(data, k_split, valid_fraction)
+        return pack(data), pack(valid), k_reward, k_init, k_fit
+
+    return split
+
+
+def _policy_loop(plan: _Plan, n_rows: int) -> EpochLoop:
+    train = plan.config.train
+    return EpochLoop(
+        _surrogate(plan),
+        train.make_optimizer(),
+        train.epochs,
+        chunk_epochs(train.epochs, n_rows, train.batch_size),
+        train.batch_size,
+        train.patience,
+        devices=train.devices,
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _policy_start(plan: _Plan, loop: EpochLoop) -> Callable:
+    """``(rows, valid, reward_params, k_init, k_fit) -> (rows, valid, state)``: the rows the
+    policy trains on (with the completion orders of a two-stage R-POD with an additive
+    f_hat, computed once here) and its initial training state."""
+
+    def start(data: LoggedData, valid: LoggedData | None, reward_params: Any, k_init: jax.Array, k_fit: jax.Array):
         rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] = data
         valid_rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] | None = valid
         if plan.completion_order:
             rows = (data, {"completion_order": _completion_orders(plan, reward_params, data)})
             if valid is not None:
                 valid_rows = (valid, {"completion_order": _completion_orders(plan, reward_params, valid)})
-        out["policy"] = train_jit(
-            _surrogate(plan),
-            train.make_optimizer(),
-            plan.policy_module.init(k_init, first_context),
-            rows,
-            k_fit,
-            epochs=train.epochs,
-            batch_size=train.batch_size,
-            aux=reward_params,
-            valid=valid_rows,
-            patience=train.patience if valid is not None else None,
-            devices=train.devices,
-            listener=listeners[1],
-        )
-    return out
+        state = loop.init(plan.policy_module.init(k_init, data.context[:1]), k_fit)
+        return pack(rows), pack(valid_rows), state
+
+    return start
 
 
 def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Array:
@@ -481,19 +549,6 @@ def _two_step(plan: _Plan) -> bool:
     return plan.reward_module is not None and plan.config.reward_model.endswith("-two-step")
 
 
-EpochCallback = Callable[[str, int, dict[str, float]], None]
-
-
-@contextlib.contextmanager
-def _listeners(on_epoch: EpochCallback | None):
-    """Listener tokens for the reward model's and the policy's epochs (or ``(None, None)``)."""
-    with contextlib.ExitStack() as stack:
-        if on_epoch is None:
-            yield (None, None)
-        else:
-            yield tuple(stack.enter_context(listen(functools.partial(on_epoch, part))) for part in ("reward", "policy"))
-
-
 def fit(
     data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
 ) -> RankingPolicy:
@@ -523,8 +578,7 @@ def fit(
         k_split, k_reward, _, _ = jax.random.split(key, 4)
         part = data if config.valid_fraction == 0 else train_val_split(data, k_split, config.valid_fraction)[0]
         reward_params = fit_reward_model(part, k_reward, **config.reward_model_options(), two_step_k=plan.k).params
-    with _listeners(on_epoch) as listeners:
-        fitted = jax.block_until_ready(fit_arrays(plan, data, key, reward_params, listeners=listeners))
+    fitted = jax.block_until_ready(fit_arrays(plan, data, key, reward_params, on_epoch=on_epoch))
     policy = _policy(plan, fitted, data.position_weight)
     if plan.estimator is not None:
         stage = policy.pl_stage
@@ -572,27 +626,5 @@ def fit_seeds(
     plan = _plan(datas[0], config)
     if _two_step(plan):
         return [fit(d, k, config, on_epoch=on_epoch) for d, k in zip(datas, keys)]
-    leaves, treedef = stack_data(datas)
-    with _listeners(on_epoch) as listeners:
-        # Rebuilt inside the vmap (from tracers: LoggedData validates concrete data only).
-        fitted = jax.vmap(
-            lambda rows, key: fit_arrays(plan, jax.tree.unflatten(treedef, rows), key, listeners=listeners)
-        )(leaves, keys)
-        fitted = jax.block_until_ready(fitted)
+    fitted = jax.block_until_ready(fit_arrays(plan, stack(datas), keys, on_epoch=on_epoch, batched=True))
     return [_policy(plan, jax.tree.map(lambda x: x[s], fitted), d.position_weight) for s, d in enumerate(datas)]
-
-
-def stack_data(datas: Sequence[LoggedData]) -> tuple[list[jax.Array], Any]:
-    """``S`` data sets of equal shapes as their leaves with a leading seed axis ``[S, ...]``
-    and the common treedef (a ValueError names the first mismatch)."""
-    if not datas:
-        raise ValueError("datas must not be empty")
-    flat: list[tuple[list[jax.Array], Any]] = [jax.tree.flatten(d) for d in datas]  # Any: the treedef
-    for i, (leaves, treedef) in enumerate(flat[1:], start=1):
-        shapes = [x.shape for x in leaves]
-        if treedef != flat[0][1] or shapes != [x.shape for x in flat[0][0]]:
-            raise ValueError(
-                f"datas[{i}] does not share datas[0]'s shapes and fields (n, L, D, optional fields): "
-                f"{shapes} vs {[x.shape for x in flat[0][0]]}"
-            )
-    return [jnp.stack(parts) for parts in zip(*(leaves for leaves, _ in flat))], flat[0][1]

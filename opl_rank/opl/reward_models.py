@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import flax.linen as nn
@@ -40,9 +40,19 @@ import numpy as np
 from opl_rank.data import LoggedData
 from opl_rank.opl import completion
 from opl_rank.opl.completion import one_hot_sum, zero_diagonal
-from opl_rank.optimization import TrainConfig, TrainResult, check_finite, minimize, train_jit
+from opl_rank.optimization import (
+    EpochLoop,
+    TrainConfig,
+    TrainResult,
+    TrainState,
+    check_finite,
+    chunk_epochs,
+    minimize,
+    run_loop,
+)
 from opl_rank.pl.plackett_luce import cumsum_slots
 from opl_rank.scorers import make_scorer
+from opl_rank.staging import Packed, leading_rows, stage
 
 __all__ = [
     "RewardModel",
@@ -256,31 +266,57 @@ def fit_reward_model(
 def train_reward_params(
     module: _SlotValues,
     target: str,
-    data: LoggedData,
+    data: LoggedData | Packed,
     key: jax.Array,
     config: TrainConfig,
     *,
-    valid: LoggedData | None = None,
-    listener: Any = None,
+    valid: LoggedData | Packed | None = None,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    batched: bool = False,
 ) -> TrainResult:
-    """Initialise and fit a one-step f_hat's parameters: a pure function of arrays
-    (jit-able, vmappable over seeds); the history holds ``[epochs]`` arrays. ``listener``:
-    a [`opl_rank.optimization.listen`][opl_rank.optimization.listen] token (progress)."""
-    k_init, k_fit = jax.random.split(key)
-    params = module.init(k_init, data.context[:1], data.ranking[:1])
-    return train_jit(
+    """Initialise and fit a one-step f_hat's parameters: compiled stages driven from the host
+    ([`opl_rank.optimization.run_loop`][opl_rank.optimization.run_loop]); the history holds
+    ``[epochs]`` arrays.
+
+    Args:
+      module, target: the model ([`reward_module`][reward_module]) and its loss target.
+      data: logged rounds; ``S`` seeds' rounds stacked as a
+        [`opl_rank.staging.Packed`][opl_rank.staging.Packed] with ``batched``.
+      key: PRNG key (``[S]`` keys with ``batched``).
+      config: optimisation settings.
+      valid: validation rows (early stopping with ``config.patience``).
+      on_epoch: ``(epoch, record)`` on the host after every epoch (progress only).
+      batched: fit the ``S`` seeds at once (``jax.vmap``).
+    """
+    loop = reward_loop(module, target, config, leading_rows(data, batched))
+    state = stage(_reward_start(module, loop), batched)(data, key)
+    state, history = run_loop(loop, state, data, valid=valid, on_epoch=on_epoch, batched=batched)
+    return TrainResult(loop.result_params(state, valid is not None), history)
+
+
+def reward_loop(module: _SlotValues, target: str, config: TrainConfig, n_rows: int) -> EpochLoop:
+    """The [`EpochLoop`][opl_rank.optimization.EpochLoop] of a one-step f_hat's fit on ``n_rows`` rows."""
+    return EpochLoop(
         _least_squares(module, target),
         config.make_optimizer(),
-        params,
-        data,
-        k_fit,
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        valid=valid,
-        patience=config.patience if valid is not None else None,
+        config.epochs,
+        chunk_epochs(config.epochs, n_rows, config.batch_size),
+        config.batch_size,
+        config.patience,
         devices=config.devices,
-        listener=listener,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _reward_start(module: _SlotValues, loop: EpochLoop) -> Callable[[LoggedData, jax.Array], TrainState]:
+    """``(data, key) -> state``: f_hat's initial parameters and training state (one function
+    object per model and loop: one compiled program)."""
+
+    def start(data: LoggedData, key: jax.Array) -> TrainState:
+        k_init, k_fit = jax.random.split(key)
+        return loop.init(module.init(k_init, data.context[:1], data.ranking[:1]), k_fit)
+
+    return start
 
 
 def reward_module(
