@@ -131,7 +131,7 @@ def child(scenario: str, out_dir: str) -> dict[str, Any]:
             return run_group(sweep, group, on_step=step, on_epoch=on_epoch)
 
         opl_sweep.run_group = traced_run_group
-        code = cli.main([*sweep_argv(scenario, out_dir), "--quiet"])
+        code = cli.main(sweep_argv(scenario, out_dir))  # with progress, as a user runs it
         if code not in (0, None):
             raise SystemExit(f"sweep exited with {code}")
     enter("done")

@@ -119,7 +119,16 @@ def run_group(
     import numpy as np
 
     from opl_rank import prng
-    from opl_rank.opl.learners import LearnerConfig, fit, fit_seeds, needs_position_marginals
+    from opl_rank.opl.learners import (
+        LEARNERS,
+        LearnerConfig,
+        fit,
+        fit_reward,
+        fit_reward_seeds,
+        fit_seeds,
+        needs_position_marginals,
+        needs_reward_model,
+    )
 
     import_plugins(sweep.plugins)  # a worker process has not imported them yet
     axes = row_axis_columns(sweep)
@@ -179,14 +188,33 @@ def run_group(
         alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
         key = alias if alias is not None else (method, k, kind)
         if key not in done:
+            reward_params, reward_seconds = shared_reward(*key)
             start = time.perf_counter()
             if together:
-                policies = fit_seeds(datas, k_fit, config(*key), on_epoch=on_epoch)
+                policies = fit_seeds(datas, k_fit, config(*key), on_epoch=on_epoch, reward_params=reward_params)
             else:
-                policies = [fit(datas[0], k_fit[0], config(*key), on_epoch=on_epoch)]
+                policies = [fit(datas[0], k_fit[0], config(*key), on_epoch=on_epoch, reward_params=reward_params)]
             values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
-            done[key] = (values, (time.perf_counter() - start) / len(group))
+            done[key] = (values, reward_seconds + (time.perf_counter() - start) / len(group))
         return done[key]
+
+    rewards: dict[str, tuple[Any, float]] = {}
+
+    def shared_reward(method, k, kind):
+        """(f_hat's parameters, seconds per seed) of the cell's one-step f_hat of ``kind``,
+        fitted once for every built-in method that fits it (the same fit each would make:
+        same data, key and settings); (None, 0) for the others, which fit their own."""
+        if method in LEARNERS or not needs_reward_model(method) or kind.endswith("-two-step"):
+            return None, 0.0
+        if kind not in rewards:
+            start = time.perf_counter()
+            reward_config = config("regression", None, kind)
+            if together:
+                params = fit_reward_seeds(datas, k_fit, reward_config)
+            else:
+                params = fit_reward(datas[0], k_fit[0], reward_config)
+            rewards[kind] = (params, (time.perf_counter() - start) / len(group))
+        return rewards[kind]
 
     rows: list[list[dict[str, Any]]] = [[] for _ in group]
     candidates = candidate_ks(sweep, n_slots)

@@ -90,3 +90,54 @@ def test_the_cli_uses_the_cache_unless_turned_off(tmp_path, setting):
         assert written, "the CLI wrote no compiled kernels"
     else:
         assert not written and not (tmp_path / "home" / ".cache").exists()
+
+
+# One fit with progress (on_epoch) of a reward model and a two-stage policy; counts how many
+# programs the persistent cache served and how many it had to compile.
+FIT_SCRIPT = """
+import json, sys
+import jax
+from opl_rank import make_key
+from opl_rank.compilation_cache import enable_compilation_cache
+from opl_rank.opl.learners import LearnerConfig, fit
+from opl_rank.optimization import TrainConfig
+from simulators import SyntheticRankingEnv
+counts = {"requests": 0, "hits": 0}
+def count(event, **kw):
+    if event.endswith("compile_requests_use_cache"):
+        counts["requests"] += 1
+    elif event.endswith("cache_hits"):
+        counts["hits"] += 1
+jax.monitoring.register_event_listener(count)
+enable_compilation_cache(sys.argv[1])
+env = SyntheticRankingEnv.create(make_key(0), n_items=6, ranking_length=3)
+data = env.sample_logged_data(make_key(1), 600)
+epochs = []
+config = LearnerConfig("rpod", k=1, train=TrainConfig(epochs=4, batch_size=128),
+                       reward_train=TrainConfig(epochs=3, batch_size=128))
+fit(data, make_key(2), config, on_epoch=lambda part, epoch, record: epochs.append([part, epoch]))
+print(json.dumps({**counts, "epochs": epochs}))
+"""
+
+
+def test_a_fit_with_progress_is_loaded_whole_from_the_cache(tmp_path):
+    """Progress is reported between compiled chunks, not by host callbacks inside them, so a
+    second process finds every program of a watched fit in the persistent cache."""
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", FIT_SCRIPT, str(tmp_path)],
+            cwd=ROOT,
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["hits"] == 0 and cold["requests"] > 0
+    assert warm["requests"] == cold["requests"]
+    assert warm["hits"] == warm["requests"], f"{warm['requests'] - warm['hits']} programs compiled again"
+    expected = [["reward", e] for e in (1, 2, 3)] + [["policy", e] for e in (1, 2, 3, 4)]
+    assert cold["epochs"] == warm["epochs"] == expected

@@ -266,3 +266,51 @@ def test_precomputed_completion_orders_change_nothing():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(once.history["valid_loss"], per_step.history["valid_loss"], rtol=1e-6)
     assert not _plan(data, dataclasses.replace(config, reward_model="pairwise")).completion_order
+
+
+@pytest.mark.parametrize("steps", [1, 9])
+def test_training_in_chunks_of_epochs_changes_no_bit(setting, monkeypatch, steps):
+    """The policy's epochs run as one compiled scan by default and as chunks of epochs (the
+    host reporting progress between them) when a run has more steps than
+    tuning.CHUNK_STEPS: the parameters are the same, bit for bit, with early stopping too."""
+    _, data, _ = setting
+    config = dataclasses.replace(
+        _config("rpod", k=2),
+        valid_fraction=0.2,
+        train=dataclasses.replace(TRAIN, patience=2),
+        reward_train=dataclasses.replace(REWARD, epochs=5),
+    )
+    whole = fit(data, make_key(50), config)
+    monkeypatch.setattr(tuning, "CHUNK_STEPS", steps)  # chunks of 1 epoch (steps=1) or of a few
+    seen = []
+    chunked = fit(data, make_key(50), config, on_epoch=lambda part, epoch, record: seen.append((part, epoch)))
+    for got, want in zip(jax.tree.leaves(chunked.first_stage.params), jax.tree.leaves(whole.first_stage.params)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    policy_epochs = [e for part, e in seen if part == "policy"]
+    assert policy_epochs == list(range(1, len(policy_epochs) + 1))
+    assert [e for part, e in seen if part == "reward"] == [1, 2, 3, 4, 5]
+
+
+def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
+    """fit_reward's f_hat passed to several methods: each fit is what it is without it."""
+    from opl_rank.opl.learners import fit_reward, fit_reward_seeds
+
+    env, data, _ = setting
+    config = _config("rpod", k=2, reward_model="pairwise")
+    shared = fit_reward(data, make_key(60), config)
+    for method_config in (config, _config("dr", reward_model="pairwise")):
+        alone = fit(data, make_key(60), method_config)
+        reused = fit(data, make_key(60), method_config, reward_params=shared)
+        for got, want in zip(jax.tree.leaves(reused), jax.tree.leaves(alone)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    datas = [data.take(np.arange(1000)), env.sample_logged_data(make_key(61), 1000, position_marginals="exact")]
+    keys = jnp.stack([make_key(62), make_key(63)])
+    stacked = fit_reward_seeds(datas, keys, config)
+    alone = fit_seeds(datas, keys, config)
+    reused = fit_seeds(datas, keys, config, reward_params=stacked)
+    for got, want in zip(jax.tree.leaves(reused), jax.tree.leaves(alone)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="reward_params"):
+        fit(data, make_key(60), _config("ips"), reward_params=shared)
+    with pytest.raises(ValueError, match="fits no f_hat"):
+        fit_reward(data, make_key(60), _config("ips"))

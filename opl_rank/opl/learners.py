@@ -68,6 +68,8 @@ __all__ = [
     "fit",
     "fit_seeds",
     "fit_arrays",
+    "fit_reward",
+    "fit_reward_seeds",
 ]
 
 EpochCallback = Callable[[str, int, dict[str, float]], None]  # (part, epoch, record): progress of a fit
@@ -416,20 +418,11 @@ def _fit_stages(
     on_epoch: EpochCallback | None,
     batched: bool,
 ) -> dict[str, TrainResult | None]:
-    config = plan.config
-    rows, valid, k_reward, k_init, k_fit = stage(_split_stage(config.valid_fraction), batched)(pack(data), key)
+    rows, valid, k_reward, k_init, k_fit = stage(_split_stage(plan.config.valid_fraction), batched)(pack(data), key)
     out: dict[str, TrainResult | None] = {"reward": None, "policy": None}
     progress = (lambda part: None) if on_epoch is None else (lambda part: functools.partial(on_epoch, part))
     if plan.reward_module is not None and reward_params is None:
-        fitted_reward = train_reward_params(
-            plan.reward_module,
-            "sum",
-            rows,
-            k_reward,
-            config.reward_train,
-            on_epoch=progress("reward"),
-            batched=batched,
-        )
+        fitted_reward = _train_reward(plan, rows, k_reward, progress("reward"), batched)
         out["reward"] = fitted_reward
         reward_params = fitted_reward.params
     elif reward_params is not None:
@@ -442,6 +435,52 @@ def _fit_stages(
         )
         out["policy"] = TrainResult(loop.result_params(state, valid is not None), history)
     return out
+
+
+def _train_reward(plan: _Plan, rows: Packed, key: jax.Array, on_epoch: Any, batched: bool) -> TrainResult:
+    assert plan.reward_module is not None  # only plans with an f_hat fit one
+    return train_reward_params(
+        plan.reward_module, "sum", rows, key, plan.config.reward_train, on_epoch=on_epoch, batched=batched
+    )
+
+
+def fit_reward(data: LoggedData, key: jax.Array, config: LearnerConfig) -> Any:
+    """f_hat's parameters exactly as [`fit`][fit] with ``data``, ``key`` and ``config`` fits them,
+    to pass as ``fit(..., reward_params=...)`` to every method that shares them: the same
+    f_hat settings (``reward_model``, ``reward_hidden``, ``item_feature_dim``,
+    ``reward_train``, ``valid_fraction``) and key. One-step kinds only (the two-step kinds
+    depend on R-POD's k). A FloatingPointError if the fit diverged."""
+    return _shared_reward(config, data, key, batched=False)
+
+
+def fit_reward_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig) -> Any:
+    """[`fit_reward`][fit_reward] for ``S`` data sets of equal shapes at once (vmapped, as
+    [`fit_seeds`][fit_seeds] fits them): parameters with a leading seed axis ``[S, ...]``."""
+    if len(datas) != keys.shape[0]:
+        raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
+    return _shared_reward(config, stack(datas), keys, batched=True, like=datas[0])
+
+
+def _shared_reward(config: LearnerConfig, data: Any, key: jax.Array, *, batched: bool, like: Any = None) -> Any:
+    if config.method in LEARNERS or not needs_reward_model(config.method):
+        raise ValueError(f"method {config.method!r} fits no f_hat of its own: nothing to share")
+    plan = _plan(data if like is None else like, config)
+    if _two_step(plan):
+        raise ValueError(f"reward_model {config.reward_model!r} is fitted for R-POD's k: it cannot be shared")
+    rows, _, k_reward, _, _ = stage(_split_stage(config.valid_fraction), batched)(pack(data), key)
+    fitted = _train_reward(plan, rows, k_reward, None, batched)
+    history = fitted.history
+    for s in range(history["active"].shape[0]) if batched else [None]:
+        check_finite(history if s is None else {name: v[s] for name, v in history.items()}, "reward model")
+    return fitted.params
+
+
+def _check_shared_reward(plan: _Plan, reward_params: Any) -> None:
+    if reward_params is not None and (plan.reward_module is None or _two_step(plan)):
+        raise ValueError(
+            f"reward_params: {plan.config.method!r} with reward_model {plan.config.reward_model!r} "
+            "has no one-step f_hat to share (fit_reward's parameters are for methods that fit one)"
+        )
 
 
 @functools.lru_cache(maxsize=16)
@@ -550,7 +589,12 @@ def _two_step(plan: _Plan) -> bool:
 
 
 def fit(
-    data: LoggedData, key: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
+    data: LoggedData,
+    key: jax.Array,
+    config: LearnerConfig,
+    *,
+    on_epoch: EpochCallback | None = None,
+    reward_params: Any = None,
 ) -> RankingPolicy:
     """Learn a ranking policy from logged data.
 
@@ -561,6 +605,9 @@ def fit(
       on_epoch: ``(part, epoch, record)`` called on the host after every epoch as the fit
         goes, ``part`` being ``"reward"`` (f_hat) or ``"policy"`` (progress; results do
         not depend on it).
+      reward_params: f_hat's parameters from [`fit_reward`][fit_reward] with this ``data``,
+        ``key`` and the config's f_hat settings: the fit then skips fitting f_hat and returns
+        exactly what it would have returned (several methods sharing one f_hat fit it once).
 
     Returns:
       A [`PLPolicy`][opl_rank.opl.policies.PLPolicy] (estimator methods, rpod with k = L),
@@ -569,9 +616,11 @@ def fit(
       registered learner returns.
     """
     if config.method in LEARNERS:
+        if reward_params is not None:
+            raise ValueError(f"reward_params is for the built-in methods, not the registered learner {config.method!r}")
         return _fit_registered(data, key, config, on_epoch)
     plan = _plan(data, config)
-    reward_params = None
+    _check_shared_reward(plan, reward_params)
     if _two_step(plan):  # Appendix A pairs are found on the host: f_hat is fitted outside
         from opl_rank.opl.reward_models import fit_reward_model
 
@@ -600,7 +649,12 @@ def _fit_registered(
 
 
 def fit_seeds(
-    datas: Sequence[LoggedData], keys: jax.Array, config: LearnerConfig, *, on_epoch: EpochCallback | None = None
+    datas: Sequence[LoggedData],
+    keys: jax.Array,
+    config: LearnerConfig,
+    *,
+    on_epoch: EpochCallback | None = None,
+    reward_params: Any = None,
 ) -> list[RankingPolicy]:
     """[`fit`][fit] on ``S`` data sets that share shapes (one sweep cell's seeds), as one
     ``jax.vmap`` of [`fit_arrays`][fit_arrays] (what an accelerator wants).
@@ -615,6 +669,8 @@ def fit_seeds(
       config: [`LearnerConfig`][LearnerConfig].
       on_epoch: as for [`fit`][fit]; under the vmap it is called for each seed's epoch
         (``S`` calls per epoch).
+      reward_params: the ``S`` seeds' f_hat parameters stacked ``[S, ...]``, from
+        [`fit_reward_seeds`][fit_reward_seeds] (as for [`fit`][fit]).
 
     Returns:
       ``S`` policies, as [`fit`][fit] returns them.
@@ -622,9 +678,12 @@ def fit_seeds(
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
     if config.method in LEARNERS:
+        if reward_params is not None:
+            raise ValueError(f"reward_params is for the built-in methods, not the registered learner {config.method!r}")
         return [_fit_registered(d, k, config, on_epoch) for d, k in zip(datas, keys)]
     plan = _plan(datas[0], config)
+    _check_shared_reward(plan, reward_params)
     if _two_step(plan):
         return [fit(d, k, config, on_epoch=on_epoch) for d, k in zip(datas, keys)]
-    fitted = jax.block_until_ready(fit_arrays(plan, stack(datas), keys, on_epoch=on_epoch, batched=True))
+    fitted = jax.block_until_ready(fit_arrays(plan, stack(datas), keys, reward_params, on_epoch=on_epoch, batched=True))
     return [_policy(plan, jax.tree.map(lambda x: x[s], fitted), d.position_weight) for s, d in enumerate(datas)]
