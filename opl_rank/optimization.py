@@ -2,10 +2,14 @@
 
 [`train`][train] is a pure function of arrays -- the whole run (epochs of shuffled fixed-size
 batches, optax steps, optional early stopping on a validation loss) is one ``lax.scan`` --
-so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds ([`opl_rank.opl.learners.fit_seeds`][opl_rank.opl.learners.fit_seeds]).
-[`minimize`][minimize] is its jit-compiled, checked entry point: compiled once per (loss function,
-optimiser, batch size, epochs, data shapes) and reused for new seeds, ``lambda`` values or
-reward-model parameters passed as ``aux``.
+so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds. The library's own fits
+([`minimize`][minimize], [`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]) run the same
+epochs as compiled chunks driven from the host ([`EpochLoop`][EpochLoop], [`run_loop`][run_loop]):
+one program per loop (loss function, optimiser, batch size, epochs, data shapes), free of
+host callbacks, so JAX's persistent compilation cache keeps it for the next process; the
+host reports progress and checks for early stopping between chunks (a chunk is at most
+``tuning.CHUNK_STEPS`` optimiser steps). Chunked or not, watched or not, the parameters are
+the same, bit for bit: every epoch draws its keys from the carried key.
 
 An epoch shuffles the rows and cuts them into ``n // batch`` batches of exactly ``batch``
 rows (the remainder of the shuffle is skipped). Early stopping: after each epoch the

@@ -16,9 +16,12 @@ Estimators that need a reward model get f_hat at the logged rankings and a model
 ``E_{a ~ pi}[f_hat]`` with a low-variance gradient: marginalize-all for an additive f_hat
 over all L slots, sampled rankings with leave-one-out baselines otherwise.
 
-[`fit`][fit] is one seed; the fitting itself ([`fit_arrays`][fit_arrays]) is a pure function of
-arrays, and [`fit_seeds`][fit_seeds] ``jax.vmap``s it over the seeds of data sets that share shapes.
-Every fit runs through the one loop of [`opl_rank.optimization`][opl_rank.optimization].
+[`fit`][fit] is one seed; the fitting itself ([`fit_arrays`][fit_arrays]) is a few compiled
+stages of array programs ([`opl_rank.staging`][opl_rank.staging]), and [`fit_seeds`][fit_seeds]
+runs the same stages ``jax.vmap``-ed over the seeds of data sets that share shapes. Every
+fit trains through the one loop of [`opl_rank.optimization`][opl_rank.optimization]. Methods that
+share an f_hat (the same settings and key) can fit it once: [`fit_reward`][fit_reward], then
+``fit(..., reward_params=...)``.
 
 Numerical guard: importance weights are clipped at ``max_log_weight = 50`` in log space by
 default (e^50 ~ 5e21, far beyond any informative weight) so that extreme logging
