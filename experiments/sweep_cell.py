@@ -120,14 +120,13 @@ def run_group(
 
     from opl_rank import prng
     from opl_rank.opl.learners import (
-        LEARNERS,
         LearnerConfig,
         fit,
         fit_reward,
         fit_reward_seeds,
         fit_seeds,
         needs_position_marginals,
-        needs_reward_model,
+        shares_reward_model,
     )
 
     import_plugins(sweep.plugins)  # a worker process has not imported them yet
@@ -204,7 +203,7 @@ def run_group(
         """(f_hat's parameters, seconds per seed) of the cell's one-step f_hat of ``kind``,
         fitted once for every built-in method that fits it (the same fit each would make:
         same data, key and settings); (None, 0) for the others, which fit their own."""
-        if method in LEARNERS or not needs_reward_model(method) or kind.endswith("-two-step"):
+        if not shares_reward_model(config(method, k, kind)):
             return None, 0.0
         if kind not in rewards:
             start = time.perf_counter()

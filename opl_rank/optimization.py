@@ -436,12 +436,13 @@ def train_epochs(
 
 
 def chunk_epochs(epochs: int, n_rows: int, batch_size: int) -> int:
-    """Epochs per compiled chunk: all of them when the run has at most
-    ``tuning.CHUNK_STEPS`` optimiser steps, else the fewest chunks of equal length that keep
-    each under that many steps (the host reports progress between chunks)."""
+    """Epochs per compiled chunk: the largest divisor of ``epochs`` whose chunk has at most
+    ``tuning.CHUNK_STEPS`` optimiser steps (all epochs when the run is that short; one epoch
+    when a single epoch is longer). A divisor, so no chunk is padded with idle epochs (which a
+    vmapped run would compute in full). The host reports progress between chunks."""
     steps_per_epoch = max(n_rows // min(batch_size, n_rows), 1)
-    chunks = max(-(-epochs * steps_per_epoch // max(tuning.CHUNK_STEPS, 1)), 1)
-    return -(-epochs // min(chunks, epochs))
+    fits = max(tuning.CHUNK_STEPS // steps_per_epoch, 1)
+    return max(d for d in range(1, min(fits, epochs) + 1) if epochs % d == 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -571,16 +572,24 @@ def _one_key(key: jax.Array, batched: bool) -> jax.Array:
 def _replay(
     on_epoch: Callable[[int, dict[str, float]], None], history: dict[str, np.ndarray], first: int, batched: bool
 ) -> None:
-    """``on_epoch`` for every epoch of a chunk's history that ran (each seed's in turn)."""
+    """``on_epoch`` for every epoch of a chunk's history that ran (with seeds: epoch by epoch,
+    every seed's in turn, as a vmapped run reached them)."""
     runs = (
         [history] if not batched else [{n: v[s] for n, v in history.items()} for s in range(history["active"].shape[0])]
     )
-    for run in runs:
-        for e in np.nonzero(run["active"])[0]:
-            on_epoch(
-                first + int(e) + 1,
-                {name: float(v[e]) for name, v in run.items() if name not in ("active", "nonfinite_step")},
-            )
+    for e in range(history["active"].shape[-1]):
+        for run in runs:
+            if run["active"][e]:
+                on_epoch(first + e + 1, _reported(run, e))
+
+
+def _reported(history: dict[str, Any], epoch: int | None = None) -> dict[str, float]:
+    """An epoch's record as progress reports it: floats, without the loop's bookkeeping."""
+    return {
+        name: float(v if epoch is None else v[epoch])
+        for name, v in history.items()
+        if name not in ("active", "nonfinite_step")
+    }
 
 
 # Host callbacks of running fits, by token: a dispatch table for progress and timing only
@@ -591,13 +600,15 @@ _LISTENERS: dict[int, Callable[[int, dict[str, float]], None]] = {}
 def _notify(token: Any, epoch: Any, record: dict[str, Any]) -> None:
     callback = _LISTENERS.get(int(token))
     if callback is not None and bool(record["active"]):
-        callback(int(epoch), {name: float(v) for name, v in record.items() if name not in ("active", "nonfinite_step")})
+        callback(int(epoch), _reported(record))
 
 
 @contextlib.contextmanager
 def listen(callback: Callable[[int, dict[str, float]], None]) -> Iterator[jax.Array]:
     """``with listen(fn) as token: train(..., listener=token)``: ``fn(epoch, record)`` runs
-    on the host after every epoch of that run."""
+    on the host after every epoch of that run, from a host callback inside the program (which
+    the persistent compilation cache then cannot keep; the library's fits use
+    [`run_loop`][run_loop] instead)."""
     token = max(_LISTENERS, default=0) + 1
     _LISTENERS[token] = callback
     try:
@@ -607,7 +618,7 @@ def listen(callback: Callable[[int, dict[str, float]], None]) -> Iterator[jax.Ar
 
 
 def print_epoch(epochs: int) -> Callable[[int, dict[str, float]], None]:
-    """A listener that prints one line per epoch to stderr."""
+    """An ``on_epoch`` that prints one line per epoch to stderr."""
 
     def show(epoch: int, record: dict[str, float]) -> None:
         extra = "".join(f"  {name} {v:+.5f}" for name, v in record.items() if name != "train_loss")
@@ -667,7 +678,7 @@ def train_jit(
             if options.get(name) is not None
         }
     )
-    with _partitioner_for(key):
+    with partitioner(devices, key):
         return _train_compiled(loss_fn, optimizer, params, data, key, **options)
 
 
@@ -703,7 +714,7 @@ def history_records(history: dict[str, Any]) -> list[dict[str, float]]:
         records.append(
             {
                 "epoch": e + 1,
-                **{name: float(v[e]) for name, v in arrays.items() if name not in ("active", "nonfinite_step")},
+                **_reported(arrays, e),
             }
         )
     return records
@@ -756,8 +767,8 @@ def minimize(
       valid: optional validation rows (monitoring; early stopping with ``config.patience``).
       valid_loss_fn: loss on ``valid`` (default ``loss_fn``).
       metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
-      on_epoch: ``(epoch, record)`` called on the host after every epoch as the run goes
-        (``config.progress`` prints instead).
+      on_epoch: ``(epoch, record)`` called on the host for every epoch that ran, after each
+        compiled chunk of epochs ([`run_loop`][run_loop]; ``config.progress`` prints instead).
       name: what is trained, for error messages.
 
     Returns:

@@ -69,7 +69,7 @@ def stack(trees: Sequence[Any]) -> Packed:
         shapes = [x.shape for x in leaves]
         if treedef != structure0 or shapes != [x.shape for x in leaves0]:
             raise ValueError(
-                f"datas[{i}] does not share datas[0]'s shapes and fields (n, L, D, optional fields): "
+                f"datas[{i}] does not share datas[0]'s structure and shapes (for LoggedData: n, L, D, optional fields): "
                 f"{shapes} vs {[x.shape for x in leaves0]}"
             )
     return Packed([jnp.stack(parts) for parts in zip(*(leaves for leaves, _ in flat))], treedef0)

@@ -268,7 +268,7 @@ def test_precomputed_completion_orders_change_nothing():
     assert not _plan(data, dataclasses.replace(config, reward_model="pairwise")).completion_order
 
 
-@pytest.mark.parametrize("steps", [1, 9])
+@pytest.mark.parametrize("steps", [1, 40])
 def test_training_in_chunks_of_epochs_changes_no_bit(setting, monkeypatch, steps):
     """The policy's epochs run as one compiled scan by default and as chunks of epochs (the
     host reporting progress between them) when a run has more steps than
@@ -312,5 +312,5 @@ def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     with pytest.raises(ValueError, match="reward_params"):
         fit(data, make_key(60), _config("ips"), reward_params=shared)
-    with pytest.raises(ValueError, match="fits no f_hat"):
+    with pytest.raises(ValueError, match="fits no one-step f_hat"):
         fit_reward(data, make_key(60), _config("ips"))

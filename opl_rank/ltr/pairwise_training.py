@@ -125,7 +125,7 @@ def train_pairwise_ranker(
       config: [`PairwiseTrainConfig`][PairwiseTrainConfig].
       valid: optional held-out ``(features, targets, mask)`` lists (other queries' logs,
         same ranks): early stopping on the same loss, best parameters kept.
-      on_epoch: ``(epoch, record)`` called on the host after every epoch as training goes
+      on_epoch: ``(epoch, record)`` called on the host for every epoch, after each compiled chunk of epochs, as training goes
         (progress; see [`opl_rank.optimization.minimize`][opl_rank.optimization.minimize]).
 
     Returns:

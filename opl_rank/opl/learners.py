@@ -73,6 +73,7 @@ __all__ = [
     "fit_arrays",
     "fit_reward",
     "fit_reward_seeds",
+    "shares_reward_model",
 ]
 
 EpochCallback = Callable[[str, int, dict[str, float]], None]  # (part, epoch, record): progress of a fit
@@ -302,7 +303,7 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
     return _Plan(config, estimator, k, n_slots, module, policy_module, samples, completion_order)
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=1024)
 def _surrogate(plan: _Plan) -> Callable:
     """``(params, batch, key, reward_params) -> scalar``: minus the estimate.
 
@@ -465,11 +466,12 @@ def fit_reward_seeds(datas: Sequence[LoggedData], keys: jax.Array, config: Learn
 
 
 def _shared_reward(config: LearnerConfig, data: Any, key: jax.Array, *, batched: bool, like: Any = None) -> Any:
-    if config.method in LEARNERS or not needs_reward_model(config.method):
-        raise ValueError(f"method {config.method!r} fits no f_hat of its own: nothing to share")
+    if not shares_reward_model(config):
+        raise ValueError(
+            f"method {config.method!r} with reward_model {config.reward_model!r} fits no one-step f_hat "
+            "of its own: nothing to share"
+        )
     plan = _plan(data if like is None else like, config)
-    if _two_step(plan):
-        raise ValueError(f"reward_model {config.reward_model!r} is fitted for R-POD's k: it cannot be shared")
     rows, _, k_reward, _, _ = stage(_split_stage(config.valid_fraction), batched)(pack(data), key)
     fitted = _train_reward(plan, rows, k_reward, None, batched)
     history = fitted.history
@@ -478,10 +480,24 @@ def _shared_reward(config: LearnerConfig, data: Any, key: jax.Array, *, batched:
     return fitted.params
 
 
-def _check_shared_reward(plan: _Plan, reward_params: Any) -> None:
-    if reward_params is not None and (plan.reward_module is None or _two_step(plan)):
+def shares_reward_model(config: LearnerConfig) -> bool:
+    """Whether ``config``'s method fits a one-step f_hat that [`fit_reward`][fit_reward] can fit
+    for it (a built-in method with a reward model, not a two-step kind)."""
+    return (
+        config.method not in LEARNERS
+        and needs_reward_model(config.method)
+        and not config.reward_model.endswith("-two-step")
+    )
+
+
+def _check_shared_reward(plan: _Plan | None, reward_params: Any, method: str) -> None:
+    if reward_params is None:
+        return
+    if plan is None:
+        raise ValueError(f"reward_params is for the built-in methods, not the registered learner {method!r}")
+    if not shares_reward_model(plan.config):
         raise ValueError(
-            f"reward_params: {plan.config.method!r} with reward_model {plan.config.reward_model!r} "
+            f"reward_params: {method!r} with reward_model {plan.config.reward_model!r} "
             "has no one-step f_hat to share (fit_reward's parameters are for methods that fit one)"
         )
 
@@ -514,7 +530,7 @@ def _policy_loop(plan: _Plan, n_rows: int) -> EpochLoop:
     )
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=1024)
 def _policy_start(plan: _Plan, loop: EpochLoop) -> Callable:
     """``(rows, valid, reward_params, k_init, k_fit) -> (rows, valid, state)``: the rows the
     policy trains on (with the completion orders of a two-stage R-POD with an additive
@@ -605,9 +621,9 @@ def fit(
       data: logged rounds with a fixed action set (``n_items`` items, contexts ``[n, dx]``).
       key: PRNG key.
       config: [`LearnerConfig`][LearnerConfig].
-      on_epoch: ``(part, epoch, record)`` called on the host after every epoch as the fit
-        goes, ``part`` being ``"reward"`` (f_hat) or ``"policy"`` (progress; results do
-        not depend on it).
+      on_epoch: ``(part, epoch, record)`` called on the host for every epoch that ran, after
+        each compiled chunk of epochs (``tuning.CHUNK_STEPS``), ``part`` being ``"reward"``
+        (f_hat) or ``"policy"`` (progress; results do not depend on it).
       reward_params: f_hat's parameters from [`fit_reward`][fit_reward] with this ``data``,
         ``key`` and the config's f_hat settings: the fit then skips fitting f_hat and returns
         exactly what it would have returned (several methods sharing one f_hat fit it once).
@@ -619,11 +635,10 @@ def fit(
       registered learner returns.
     """
     if config.method in LEARNERS:
-        if reward_params is not None:
-            raise ValueError(f"reward_params is for the built-in methods, not the registered learner {config.method!r}")
+        _check_shared_reward(None, reward_params, config.method)
         return _fit_registered(data, key, config, on_epoch)
     plan = _plan(data, config)
-    _check_shared_reward(plan, reward_params)
+    _check_shared_reward(plan, reward_params, config.method)
     if _two_step(plan):  # Appendix A pairs are found on the host: f_hat is fitted outside
         from opl_rank.opl.reward_models import fit_reward_model
 
@@ -659,8 +674,8 @@ def fit_seeds(
     on_epoch: EpochCallback | None = None,
     reward_params: Any = None,
 ) -> list[RankingPolicy]:
-    """[`fit`][fit] on ``S`` data sets that share shapes (one sweep cell's seeds), as one
-    ``jax.vmap`` of [`fit_arrays`][fit_arrays] (what an accelerator wants).
+    """[`fit`][fit] on ``S`` data sets that share shapes (one sweep cell's seeds), every stage of
+    [`fit_arrays`][fit_arrays] ``jax.vmap``-ed over the seeds (what an accelerator wants).
 
     Policy ``s`` matches ``fit(datas[s], keys[s], config)`` up to float rounding. Two-step
     reward models (pair sets found on the host) and registered learners ([`LEARNERS`][LEARNERS]:
@@ -681,11 +696,10 @@ def fit_seeds(
     if len(datas) != keys.shape[0]:
         raise ValueError(f"keys must have shape [S={len(datas)}], got {keys.shape}")
     if config.method in LEARNERS:
-        if reward_params is not None:
-            raise ValueError(f"reward_params is for the built-in methods, not the registered learner {config.method!r}")
+        _check_shared_reward(None, reward_params, config.method)
         return [_fit_registered(d, k, config, on_epoch) for d, k in zip(datas, keys)]
     plan = _plan(datas[0], config)
-    _check_shared_reward(plan, reward_params)
+    _check_shared_reward(plan, reward_params, config.method)
     if _two_step(plan):
         return [fit(d, k, config, on_epoch=on_epoch) for d, k in zip(datas, keys)]
     fitted = jax.block_until_ready(fit_arrays(plan, stack(datas), keys, reward_params, on_epoch=on_epoch, batched=True))

@@ -276,7 +276,7 @@ def train_reward_params(
 ) -> TrainResult:
     """Initialise and fit a one-step f_hat's parameters: compiled stages driven from the host
     ([`opl_rank.optimization.run_loop`][opl_rank.optimization.run_loop]); the history holds
-    ``[epochs]`` arrays.
+    ``[epochs_run]`` arrays (fewer than ``epochs`` after early stopping).
 
     Args:
       module, target: the model ([`reward_module`][reward_module]) and its loss target.
@@ -307,7 +307,7 @@ def reward_loop(module: _SlotValues, target: str, config: TrainConfig, n_rows: i
     )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def _reward_start(module: _SlotValues, loop: EpochLoop) -> Callable[[LoggedData, jax.Array], TrainState]:
     """``(data, key) -> state``: f_hat's initial parameters and training state (one function
     object per model and loop: one compiled program)."""
