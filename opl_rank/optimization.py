@@ -475,6 +475,30 @@ class EpochLoop:
     metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None
     devices: int | str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        loss_fn: LossFn,
+        config: TrainConfig,
+        n_rows: int,
+        *,
+        optimizer: optax.GradientTransformation | None = None,
+        valid_loss_fn: LossFn | None = None,
+        metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None = None,
+    ) -> EpochLoop:
+        """The loop of ``config``'s run on ``n_rows`` rows (``optimizer``: default the config's)."""
+        return cls(
+            loss_fn,
+            optimizer or config.make_optimizer(),
+            config.epochs,
+            chunk_epochs(config.epochs, n_rows, config.batch_size),
+            config.batch_size,
+            config.patience,
+            valid_loss_fn,
+            metrics_fn,
+            config.devices,
+        )
+
     def init(self, params: Any, key: jax.Array) -> TrainState:
         """The state before the first epoch (pure)."""
         return init_state(self.optimizer, params, key)
@@ -777,16 +801,8 @@ def minimize(
     """
     if on_epoch is None and config.progress:
         on_epoch = print_epoch(config.epochs)
-    loop = EpochLoop(
-        loss_fn,
-        optimizer or config.make_optimizer(),
-        config.epochs,
-        chunk_epochs(config.epochs, _n_rows(data), config.batch_size),
-        config.batch_size,
-        config.patience,
-        valid_loss_fn,
-        metrics_fn,
-        config.devices,
+    loop = EpochLoop.of(
+        loss_fn, config, _n_rows(data), optimizer=optimizer, valid_loss_fn=valid_loss_fn, metrics_fn=metrics_fn
     )
     state = _init_program(loop)(params, key)
     state, history = run_loop(loop, state, data, aux=aux, valid=valid, on_epoch=on_epoch)

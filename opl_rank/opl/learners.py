@@ -50,7 +50,6 @@ from opl_rank.optimization import (
     TrainConfig,
     TrainResult,
     check_finite,
-    chunk_epochs,
     partitioner,
     run_loop,
 )
@@ -518,16 +517,7 @@ def _split_stage(valid_fraction: float) -> Callable:
 
 
 def _policy_loop(plan: _Plan, n_rows: int) -> EpochLoop:
-    train = plan.config.train
-    return EpochLoop(
-        _surrogate(plan),
-        train.make_optimizer(),
-        train.epochs,
-        chunk_epochs(train.epochs, n_rows, train.batch_size),
-        train.batch_size,
-        train.patience,
-        devices=train.devices,
-    )
+    return EpochLoop.of(_surrogate(plan), plan.config.train, n_rows)
 
 
 @functools.lru_cache(maxsize=1024)

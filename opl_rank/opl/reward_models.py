@@ -46,7 +46,6 @@ from opl_rank.optimization import (
     TrainResult,
     TrainState,
     check_finite,
-    chunk_epochs,
     minimize,
     run_loop,
 )
@@ -296,15 +295,7 @@ def train_reward_params(
 
 def reward_loop(module: _SlotValues, target: str, config: TrainConfig, n_rows: int) -> EpochLoop:
     """The [`EpochLoop`][opl_rank.optimization.EpochLoop] of a one-step f_hat's fit on ``n_rows`` rows."""
-    return EpochLoop(
-        _least_squares(module, target),
-        config.make_optimizer(),
-        config.epochs,
-        chunk_epochs(config.epochs, n_rows, config.batch_size),
-        config.batch_size,
-        config.patience,
-        devices=config.devices,
-    )
+    return EpochLoop.of(_least_squares(module, target), config, n_rows)
 
 
 @functools.lru_cache(maxsize=1024)
