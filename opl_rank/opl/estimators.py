@@ -24,7 +24,8 @@ Registered estimators (``R = sum_l alpha_l r_l``, ``w = pi(a | x) / pi_0(a | x)`
   topk    w_k (R - f_hat(x, a)) + E_{a ~ pi}[f_hat(x, a)],  w_k = pi(a_{1:k}) / pi_0(a_{1:k})
           -- R-POD's decomposition (Eq. 9): k = L is dr, k = 0 is dm plus the logged residual.
 
-Add one with [`register`][register]; the learners ([`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]), OPE
+Add one with [`register`][register] (an estimator that reads more than the propensities and
+f_hat builds its own inputs: ``Estimator(inputs=...)``, [`opl_rank.opl.estimator_inputs`][opl_rank.opl.estimator_inputs]); the learners ([`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]), OPE
 ([`opl_rank.opl.ope.evaluate`][opl_rank.opl.ope.evaluate]), ``select_k`` and the sweep all find it by name.
 
 Importance weights are formed in log space and clipped at ``max_log_weight`` before the
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +57,7 @@ __all__ = [
     "estimate",
     "importance_weight",
     "weighted_reward",
+    "boxed",
     "dm_terms",
     "ips_terms",
     "snips_terms",
@@ -120,12 +122,26 @@ class Estimator:
       needs_position_marginals: reads ``target.log_slot`` and the logged
         ``log_pi0_position_marginal`` (iips).
       uses_k: reads R-POD's ``k`` (topk).
+      inputs: optional ``(request) -> pytree``: builds what ``terms`` reads beyond the
+        propensities and the f_hat terms, from an
+        [`InputRequest`][opl_rank.opl.estimator_inputs.InputRequest] (the policy, the batch, a
+        key, the reward model, k, learning or evaluation, what the caller gave); ``terms``
+        then gets it as ``inputs=`` ([`opl_rank.opl.estimator_inputs`][opl_rank.opl.estimator_inputs]).
+      model_based: where its weights have no usable mass its estimate rests on a model
+        (OPE then reports it as ``model_only`` instead of not estimable); true for every
+        entry with ``needs_reward_model``.
     """
 
     terms: Callable[..., Terms]
     needs_reward_model: bool = False
     needs_position_marginals: bool = False
     uses_k: bool = False
+    inputs: Callable[..., Any] | None = None
+    model_based: bool = False
+
+    def __post_init__(self) -> None:
+        if self.needs_reward_model:
+            object.__setattr__(self, "model_based", True)
 
 
 OPL_ESTIMATORS: dict[str, Estimator] = {}
@@ -173,7 +189,7 @@ def importance_weight(log_pi: jax.Array, log_pi0: jax.Array, max_log_weight: flo
     return sg(jnp.exp(jnp.minimum(log_pi - log_pi0, max_log_weight)))
 
 
-def _boxed(weight: jax.Array, value: jax.Array, log_pi: jax.Array) -> jax.Array:
+def boxed(weight: jax.Array, value: jax.Array, log_pi: jax.Array) -> jax.Array:
     """``weight * value`` with gradient ``weight * value * grad log_pi``.
 
     Where the weight is 0 (a deterministic target off its support, ``log_pi = -inf``) the
@@ -247,7 +263,7 @@ def ips_terms(
     _check_prefix(target, batch, "ips")
     log_pi = target.log_prefix[..., -1]
     w = importance_weight(log_pi, batch.log_pi0_prefix[..., -1], max_log_weight)
-    return Terms(_boxed(w, weighted_reward(batch.reward, batch.position_weight), log_pi), w)
+    return Terms(boxed(w, weighted_reward(batch.reward, batch.position_weight), log_pi), w)
 
 
 def snips_terms(
@@ -274,7 +290,7 @@ def rips_terms(
     """RIPS (cascade): ``sum_l alpha_l w_{1:l} r_l``, gradient with ``grad log pi(a_{1:l})``."""
     _check_prefix(target, batch, "rips")
     w = importance_weight(target.log_prefix, batch.log_pi0_prefix, max_log_weight)  # [n, L]
-    slot = _boxed(w, batch.reward * batch.position_weight[None, :], target.log_prefix)
+    slot = boxed(w, batch.reward * batch.position_weight[None, :], target.log_prefix)
     return Terms(jnp.sum(slot, axis=-1), w)
 
 
@@ -297,7 +313,7 @@ def iips_terms(
     if batch.log_pi0_position_marginal is None:
         raise ValueError("iips needs LoggedData.log_pi0_position_marginal (simulate with position_marginals='exact')")
     w = importance_weight(target.log_slot, batch.log_pi0_position_marginal, max_log_weight)  # [n, L]
-    slot = _boxed(w, batch.reward * batch.position_weight[None, :], target.log_slot)
+    slot = boxed(w, batch.reward * batch.position_weight[None, :], target.log_slot)
     return Terms(jnp.sum(slot, axis=-1), w)
 
 
@@ -332,7 +348,7 @@ def topk_terms(
         raise ValueError(f"topk with k={k} needs {k} prefix propensities, got {target.log_prefix.shape[-1]}")
     log_pi = target.log_prefix[..., k - 1]
     w = importance_weight(log_pi, batch.log_pi0_prefix[..., k - 1], max_log_weight)
-    return Terms(_boxed(w, residual, log_pi) + model.policy, w)
+    return Terms(boxed(w, residual, log_pi) + model.policy, w)
 
 
 def dr_terms(

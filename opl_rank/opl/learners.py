@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from opl_rank import tuning
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl import estimators as opl_estimators
-from opl_rank.opl.estimators import ModelTerms, estimate
+from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms
+from opl_rank.opl.estimators import estimate
 from opl_rank.opl.policies import PLPolicy, RankingPolicy, RegressionPolicy, TwoStagePolicy, compiled_propensities
 from opl_rank.opl.reward_models import REWARD_MODEL_KINDS, RewardModel, base_kind, reward_module, train_reward_params
 from opl_rank.optimization import (
@@ -319,34 +320,19 @@ def _surrogate(plan: _Plan) -> Callable:
         policy = PLPolicy(plan.policy_module, params, k, plan.slot_marginal_samples, sampled_marginals)
         k_marginals = jax.random.fold_in(key, 1) if plan.slot_marginal_samples else None  # other keys unchanged
         target = policy.propensities(batch, k_marginals, slot_marginals=entry.needs_position_marginals)
-        model = None
-        if entry.needs_reward_model:
-            reward_model = _reward_model(plan, reward_params, batch.position_weight)
-            logits = policy.logits(batch.context)
-            if k == plan.n_slots and reward_model.kind == "additive":
-                policy_value = opl_estimators.additive_model_value(
-                    logits,
-                    reward_model.item_values(batch.context),
-                    batch.position_weight,
-                    key,
-                    config.n_samples,
-                    where=batch.item_mask,
-                )
-            else:
-
-                def value_fn(prefixes):
-                    completed = reward_model.complete(
-                        batch.context, prefixes, where=batch.item_mask, order=extras.get("completion_order")
-                    )
-                    return reward_model.predict(batch.context, completed)
-
-                policy_value = opl_estimators.ranking_model_value(
-                    logits, value_fn, k, key, config.n_samples, where=batch.item_mask
-                )
-            model = ModelTerms(reward_model.predict(batch.context, batch.ranking), policy_value)
-        terms = entry.terms(
-            target, batch, model=model, k=k if entry.uses_k else None, max_log_weight=config.max_log_weight
+        reward_model = _reward_model(plan, reward_params, batch.position_weight) if entry.needs_reward_model else None
+        request = InputRequest(
+            policy,
+            batch,
+            key,
+            reward_model,
+            k if entry.uses_k else None,
+            learning=True,
+            n_samples=config.n_samples,
+            extras=extras,
         )
+        model, inputs = build(entry, request)
+        terms = call_terms(entry, target, batch, model=model, k=k, max_log_weight=config.max_log_weight, inputs=inputs)
         return -estimate(terms) * _overflow_guard(terms)
 
     return loss

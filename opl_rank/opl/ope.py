@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
@@ -46,10 +46,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from opl_rank import tuning
 from opl_rank.data import LoggedData
 from opl_rank.opl import estimators as opl_estimators
-from opl_rank.opl.estimators import ModelTerms
+from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms, model_terms, model_values
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities
 
 __all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate", "MIN_ESS", "DEGENERATE_ESS_FRACTION"]
@@ -119,50 +118,11 @@ class OPEResult:
         return f"{self.estimator} {self.summary()}"
 
 
-def model_values(
-    policy: Any,
-    reward_model: Any,
-    context: jax.Array,
-    key: jax.Array,
-    *,
-    n_samples: int = 256,
-    where: jax.Array | None = None,
-    n_items: int | None = None,
-) -> jax.Array:
-    """``E_{a ~ pi}[f_hat(x, a)]`` per row ``[n]``: exact for deterministic policies, a
-    Monte Carlo mean over ``n_samples`` rankings for stochastic ones (of the candidates
-    ``where`` allows). ``n_items`` (D) only sizes the batches of samples (default 1024)."""
-    if _is_pytree(policy) and _is_pytree(reward_model):  # this library's policies: one compiled program
-        return _compiled_model_values(policy, reward_model, context, key, n_samples, where, n_items)
-    return _model_values(policy, reward_model, context, key, n_samples, where, n_items)
-
-
-def _is_pytree(x: Any) -> bool:
-    return not jax.tree_util.all_leaves([x])
-
-
-def _model_values(policy, reward_model, context, key, n_samples, where, n_items):
-    if policy.deterministic:
-        return reward_model.predict(context, policy.sample(None, context, where=where))
-    keys = jax.random.split(key, n_samples)
-    # Samples in batches of about tuning.OPE_BATCH_FLOATS sampling intermediates ([b, n, D]) each:
-    # bounded memory at any n, and the same keys (hence values) as one vmap over all of them.
-    per_sample = context.shape[0] * max(1024 if n_items is None else n_items, policy.n_slots)
-    batch = int(max(1, min(n_samples, tuning.OPE_BATCH_FLOATS // per_sample)))
-    values = jax.lax.map(
-        lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys, batch_size=batch
-    )  # [N, n]
-    return jnp.mean(values, axis=0)
-
-
-_compiled_model_values = jax.jit(_model_values, static_argnums=(4, 6))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _terms(entry: opl_estimators.Estimator, target, data, model, k, max_log_weight) -> opl_estimators.Terms:
+def _terms(entry: opl_estimators.Estimator, target, data, model, k, max_log_weight, inputs) -> opl_estimators.Terms:
     """An estimator's per-round terms as one compiled program (registry entries are jit-able:
     the learners train through them; the entry itself is the cache key)."""
-    return entry.terms(target, data, model=model, k=k, max_log_weight=max_log_weight)
+    return call_terms(entry, target, data, model=model, k=k, max_log_weight=max_log_weight, inputs=inputs)
 
 
 def _column_ess(w: np.ndarray) -> np.ndarray:
@@ -223,7 +183,7 @@ def _trust(entry: opl_estimators.Estimator, w: jax.Array, n: int, k: int | None)
         )
     else:
         return _Trust(ess)
-    if entry.needs_reward_model:  # dr / topk: the weights carry the correction of the model's bias
+    if entry.model_based:  # dr / topk / cascade_dr: the weights carry the correction of the model's bias
         caveat = f"model only: the correction has {problem}; the interval excludes the reward model's bias"
         return _Trust(ess, model_only=True, caveat=caveat)
     return _Trust(ess, False, problem)
@@ -255,6 +215,7 @@ def evaluate(
     n_bootstrap: int = 1000,
     level: float = 0.95,
     n_samples: int = 256,
+    inputs: Mapping[str, Any] | None = None,
 ) -> dict[str, OPEResult]:
     """Estimate ``V(policy)`` from logged data with each of ``estimators``.
 
@@ -270,6 +231,9 @@ def evaluate(
       n_bootstrap: resamples.
       level: confidence level in (0, 1).
       n_samples: Monte Carlo samples for model values / marginals.
+      inputs: per estimator, what to give its own inputs hook instead of letting it build
+        them (``{"cascade_dr": {"q": array [n, L, D]}}``: a fitted Q;
+        [`opl_rank.opl.estimator_inputs.InputRequest`][opl_rank.opl.estimator_inputs.InputRequest]'s ``given``).
 
     Returns:
       ``{name: OPEResult}``. A result that cannot be trusted says so (module doc): not
@@ -308,24 +272,21 @@ def evaluate(
             )
     k_prop, k_model, k_boot = jax.random.split(key, 3)
     target = compiled_propensities(policy, data, k_prop, slot_marginals=bool(marginals))
-    model = None
-    if reward_model is not None:
-        model = ModelTerms(
-            reward_model.predict(data.context, data.ranking),
-            model_values(
-                policy,
-                reward_model,
-                data.context,
-                k_model,
-                n_samples=n_samples,
-                where=data.item_mask,
-                n_items=data.n_items,
-            ),
-        )
+    inputs = dict(inputs or {})
+    unknown = sorted(set(inputs) - set(entries))
+    if unknown:
+        raise ValueError(f"inputs names estimator(s) {unknown} that are not in estimators={list(entries)}")
+    request = InputRequest(policy, data, k_model, reward_model, k, learning=False, n_samples=n_samples)
+    model = model_terms(request) if reward_model is not None else None  # once, for every estimator
+    built = {}
+    for i, (name, entry) in enumerate(entries.items()):
+        own = dataclasses.replace(request, key=jax.random.fold_in(k_model, i + 1), given=inputs.get(name))
+        built[name] = build(entry, own, model=model)
     z = NormalDist().inv_cdf(0.5 + level / 2)
     results = {}
     for i, (name, entry) in enumerate(entries.items()):
-        terms = _terms(entry, target, data, model, k, max_log_weight)
+        entry_model, entry_inputs = built[name]
+        terms = _terms(entry, target, data, entry_model, k if entry.uses_k else None, max_log_weight, entry_inputs)
         num, den, w = terms.value, terms.normalizer, terms.weight
         n = num.shape[0]
         max_weight = float(jnp.max(w))

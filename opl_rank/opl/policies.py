@@ -66,6 +66,11 @@ class RankingPolicy(Protocol):
 
     Optional (callers look them up on the policy and fall back as said)::
 
+      choice_probs(data) -> [n, L, D]
+          ``pi(d | x, a_{1:l-1})`` at each logged prefix (per-slot estimators such as
+          cascade_dr; exact wherever the logged prefix is on the policy's support);
+          absent: such an estimator needs it given (``ope.evaluate(inputs=...)``)
+
       greedy(context [n, dx], *, where=None) -> [n, L] int32
           its most probable ranking ([`greedy_rankings`][greedy_rankings], ``opl-rank rank``);
           absent: a deterministic policy's ``sample``, else a TypeError
@@ -213,6 +218,12 @@ class PLPolicy:
             log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=data.item_mask))
         return Propensities(log_prefix, log_slot)
 
+    def choice_probs(self, data: LoggedData) -> jax.Array:
+        """``pi(d | x, a_{1:l-1})`` along the logged rankings: ``[n, n_slots, D]`` (the masked
+        softmax of the remaining candidates, exact and differentiable in ``params``)."""
+        logits = self.logits(data.context)
+        return jnp.exp(pl.placement_log_probs(logits, data.ranking[..., : self.n_slots], where=data.item_mask))
+
     def to_spec(self, writer: Any) -> PolicyParts:
         """``{"scorer": ..., "n_slots": L}`` and the scorer's parameters."""
         scorer, context_dim = writer.scorer(self.module, self.params["params"])
@@ -261,6 +272,12 @@ class RegressionPolicy:
         same = data.ranking == self.sample(None, data.context, where=data.item_mask)
         log_slot = _log_indicator(same) if slot_marginals else None
         return Propensities(_log_indicator(jnp.cumprod(same, axis=-1) > 0), log_slot)
+
+    def choice_probs(self, data: LoggedData) -> jax.Array:
+        """Its next choice as a one-hot ``[n, L, D]``: exact wherever the logged prefix is its own
+        (elsewhere ``pi(a_{1:l-1}) = 0``, so estimators weight those rows by 0)."""
+        ranking = self.sample(None, data.context, where=data.item_mask)
+        return pl.one_hot_rankings(ranking, data.n_items).astype(jnp.float32)
 
     def to_spec(self, writer: Any) -> PolicyParts:
         """``{"reward_model": ...}`` and f_hat's arrays."""
@@ -364,6 +381,15 @@ class TwoStagePolicy:
             axis=0,
         )
         return Propensities(log_prefix, jnp.concatenate([first_log_slot, _log_marginal(beyond)], axis=-1))
+
+    def choice_probs(self, data: LoggedData) -> jax.Array:
+        """``pi(d | x, a_{1:l-1})`` along the logged rankings ``[n, L, D]``: the first stage's
+        softmax for ``l <= k``, then the completion of the logged top k as a one-hot (exact
+        wherever the logged prefix is on the policy's support; elsewhere its weight is 0)."""
+        head = self.first_stage.choice_probs(data)  # [n, k, D]
+        completed = self.reward_model.complete(data.context, data.ranking[:, : self.k], where=data.item_mask)
+        tail = pl.one_hot_rankings(completed[:, self.k :], data.n_items).astype(jnp.float32)
+        return jnp.concatenate([head, tail], axis=1)
 
     def to_spec(self, writer: Any) -> PolicyParts:
         """The first stage's spec (a saved PLPolicy), f_hat's, and the marginals' settings."""
