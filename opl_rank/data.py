@@ -44,6 +44,11 @@ class LoggedData(struct.PyTreeNode):
         ``log P_0(a_l = a_il | x_i)``, finite, ``<= 0`` (IIPS).
       item_features: optional ``[D, di]`` (shared) or ``[n, D, di]`` float32.
       item_mask: optional ``[n, D]`` bool, True for real candidates.
+      logging_logits: optional ``[n, D]`` float32 PL logits of the logging policy (``-inf``
+        for items it never places; no NaN or ``+inf``): what an estimator needs for the
+        logging policy's probability of item sets other than prefixes and single slots
+        (``aips`` with a non-prefix behaviour, [`opl_rank.opl.aips`][opl_rank.opl.aips]);
+        the simulators store it with ``sample_logged_data(..., logging_logits=True)``.
     """
 
     context: jax.Array  # [n, dx] float32
@@ -55,6 +60,7 @@ class LoggedData(struct.PyTreeNode):
     log_pi0_position_marginal: jax.Array | None = None  # [n, L] float32
     item_features: jax.Array | None = None  # [D, di] or [n, D, di] float32
     item_mask: jax.Array | None = None  # [n, D] bool
+    logging_logits: jax.Array | None = None  # [n, D] float32
 
     def __post_init__(self) -> None:
         if _is_concrete(self):
@@ -78,7 +84,15 @@ class LoggedData(struct.PyTreeNode):
     # -- rows ------------------------------------------------------------------------
     def row_fields(self) -> dict[str, jax.Array]:
         """The per-round arrays (leading axis ``n``) by field name; the rest is shared."""
-        names = ["context", "ranking", "reward", "log_pi0_prefix", "log_pi0_position_marginal", "item_mask"]
+        names = [
+            "context",
+            "ranking",
+            "reward",
+            "log_pi0_prefix",
+            "log_pi0_position_marginal",
+            "item_mask",
+            "logging_logits",
+        ]
         fields = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if self.item_features is not None and self.item_features.ndim == 3:
             fields["item_features"] = self.item_features
@@ -242,6 +256,7 @@ _ARRAY_FIELDS = (
     "log_pi0_position_marginal",
     "item_features",
     "item_mask",
+    "logging_logits",
 )
 
 
@@ -252,6 +267,7 @@ _FLOAT_FIELDS = (
     "position_weight",
     "log_pi0_position_marginal",
     "item_features",
+    "logging_logits",
 )
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INT32 = np.iinfo(np.int32)
@@ -428,6 +444,17 @@ def _validate(data: LoggedData) -> None:
                 f"which item_mask marks as not a candidate ({int((~ranked_real).any(axis=1).sum())} "
                 f"row(s) affected; a logging policy with fewer than L real candidates?)",
             )
+    if data.logging_logits is not None:
+        logits = np.asarray(data.logging_logits)
+        if logits.shape != (n, data.n_items):
+            _fail("logging_logits", f"must be [n, D] = {(n, data.n_items)}, got shape {logits.shape}")
+        if np.isnan(logits).any() or np.isposinf(logits).any():
+            row = int(np.argwhere(np.isnan(logits) | np.isposinf(logits))[0][0])
+            _fail("logging_logits", f"NaN or +inf logits (-inf marks an item never placed), first in row {row}")
+        ranked = np.take_along_axis(logits, ranking, axis=1)
+        if not np.isfinite(ranked).all():
+            row = int(np.argwhere(~np.isfinite(ranked))[0][0])
+            _fail("logging_logits", f"row {row} ranks an item whose logging logit is -inf (impossible under pi_0)")
     if data.item_features is not None:
         feats = np.asarray(data.item_features)
         ok = (feats.ndim == 2 and feats.shape[0] == data.n_items) or (

@@ -191,10 +191,26 @@ def _common(n_items, ranking_length, lam, tau, logging_policy, config) -> dict[s
     )
 
 
-def _synthetic(key, *, n_items, ranking_length, lam, tau, logging_policy, config):
+def _synthetic(key, *, n_items, ranking_length, lam, tau, logging_policy, config, reward_structure="symmetric"):
     from simulators.synthetic import SyntheticRankingEnv
 
-    return SyntheticRankingEnv.create(key, **_common(n_items, ranking_length, lam, tau, logging_policy, config))
+    return SyntheticRankingEnv.create(
+        key,
+        reward_structure=reward_structure,
+        **_common(n_items, ranking_length, lam, tau, logging_policy, config),
+    )
+
+
+def _check_synthetic(config) -> None:
+    """A sweep's ``reward_structure`` values (``env_options`` or an axis) are known names:
+    refused when the config loads, not when a cell runs."""
+    from simulators.synthetic import REWARD_STRUCTURES
+
+    values = [v for k, v in getattr(config, "env_options", None) or () if k == "reward_structure"]
+    values += [v for k, vs in getattr(config, "axes", None) or () if k == "reward_structure" for v in vs]
+    for value in values:
+        if value not in REWARD_STRUCTURES:
+            raise ValueError(f"reward_structure must be one of {list(REWARD_STRUCTURES)}, got {value!r}")
 
 
 _LETOR_CACHE: dict[tuple, Any] = {}
@@ -223,7 +239,15 @@ def _needs_letor_path(config) -> None:
         raise ValueError("simulator semi_synthetic needs letor_path (a LETOR/SVMlight file)")
 
 
-register("synthetic", EnvironmentSpec(_synthetic, logging_policies=("pl", "uniform")))
+register(
+    "synthetic",
+    EnvironmentSpec(
+        _synthetic,
+        logging_policies=("pl", "uniform"),
+        check=_check_synthetic,
+        options={"reward_structure": "symmetric"},  # simulators.synthetic.REWARD_STRUCTURES
+    ),
+)
 register(
     "semi_synthetic",
     EnvironmentSpec(

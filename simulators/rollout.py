@@ -103,6 +103,7 @@ def rollout_logging_policy(
     n_slots: int,
     position_marginals: str = "none",
     progress: Callable[[int], None] | None = None,
+    store_logits: bool = False,
 ) -> dict[str, np.ndarray]:
     """Sample ``n`` logged rounds in chunks.
 
@@ -118,10 +119,13 @@ def rollout_logging_policy(
         the exponential-race quadrature, for IIPS).
       progress: called with the number of rows done after each chunk, e.g. a bar's
         ``update`` (``tqdm(total=n).update``); the simulator draws nothing itself.
+      store_logits: also return the logging policy's logits ``[n, D]`` (for estimators
+        that need pi_0's probability of non-prefix item sets, e.g. ``aips``).
 
     Returns:
       dict of NumPy arrays: ``context [n, dx]``, ``ranking [n, L]``, ``reward [n, L]``,
-      ``log_pi0_prefix [n, L]`` and, if asked, ``log_pi0_position_marginal [n, L]``.
+      ``log_pi0_prefix [n, L]`` and, if asked, ``log_pi0_position_marginal [n, L]`` and
+      ``logging_logits [n, D]``.
     """
     if position_marginals not in POSITION_MARGINAL_MODES:
         raise ValueError(f"position_marginals must be one of {POSITION_MARGINAL_MODES}, got {position_marginals!r}")
@@ -136,6 +140,8 @@ def rollout_logging_policy(
     parts: dict[str, list[np.ndarray]] = {
         k: [] for k in ("context", "ranking", "reward", "log_pi0_prefix", "log_pi0_position_marginal")
     }
+    if store_logits:
+        parts["logging_logits"] = []
     for c in range(n_chunks):
         k_ctx, k_chunk = jax.random.split(keys[c])
         m = min(rows, int(n) - c * rows)
@@ -159,6 +165,8 @@ def rollout_logging_policy(
             ("log_pi0_position_marginal", log_marginal),
         ):
             parts[name].append(np.asarray(value[:m]))
+        if store_logits:
+            parts["logging_logits"].append(np.asarray(logits[:m]))
         if progress is not None:
             progress(m)
     out = {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}

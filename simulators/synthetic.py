@@ -10,6 +10,14 @@ row, slot and call. The paper leaves ``b`` and ``W`` unspecified; our defaults a
 ``b_a ~ N(0, 1)`` and a symmetric ``W`` with ``N(0, interaction_scale^2)`` entries and a
 zero diagonal. The logging policy is PL with logits ``(theta0_a^T x + b0_a) / tau``,
 ``theta0, b0 ~ U(0, 1)`` (Eq. 15), or any other logging policy.
+
+Beyond the paper, a *reward structure* says which slots' items enter slot ``l``'s
+interaction sum: a behaviour matrix ``c [L, L]`` (the AIPS convention: ``c[l, l'] = 1`` iff
+slot ``l``'s reward depends on the item at slot ``l'``, unit diagonal), and then
+``q_l = base(x, a_l) + lambda * sum_{m != l, c[l, m] = 1} W(a_m, a_l)``. Built in:
+``"symmetric"`` (all ones, the paper's model and the default), ``"independent"`` (identity),
+``"cascade"`` (``l' <= l``), ``"neighbour"`` (``|l - l'| <= 1``) and ``"context"`` (one of
+the four others per context, by the quartile of ``x[0]``); or any 0/1 ``[L, L]`` array.
 """
 
 from __future__ import annotations
@@ -32,21 +40,43 @@ from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_l
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 
 __all__ = [
+    "REWARD_STRUCTURES",
+    "CONTEXT_BEHAVIOURS",
+    "CONTEXT_CUTS",
     "InteractionRewards",
     "SyntheticRewards",
     "SyntheticRewardModel",
     "SyntheticRankingEnv",
     "symmetric_interaction",
+    "structure_mask",
+    "reward_structure_masks",
+    "masked_interaction_sum",
 ]
+
+REWARD_STRUCTURES = ("symmetric", "independent", "cascade", "neighbour", "context")
+# "context": the behaviour of x is CONTEXT_BEHAVIOURS[#{cuts <= x[0]}]; the cuts are the
+# standard normal quartiles, so with x ~ N(0, I) each behaviour covers a quarter of contexts.
+CONTEXT_BEHAVIOURS = ("independent", "cascade", "neighbour", "symmetric")
+CONTEXT_CUTS = (-0.6744897501960817, 0.0, 0.6744897501960817)
 
 
 class InteractionRewards:
-    """Position rewards ``q_l = base(x, a_l) + lambda * sum_{m != l} W(a_m, a_l)`` (Eq. 14).
+    """Position rewards ``q_l = base(x, a_l) + lambda * sum_{m != l, c[l, m] = 1} W(a_m, a_l)``
+    (Eq. 14, with a reward structure ``c``).
 
     Shared by the synthetic and the semi-synthetic reward models, which differ only in the
     per-item base reward [`item_base`][item_base]. Subclasses are pytrees with the fields
-    ``interaction [D, D]`` (symmetric, zero diagonal), ``lam []`` and ``sigma []``.
+    ``interaction [D, D]`` (symmetric, zero diagonal), ``lam []`` and ``sigma []``, and
+    optionally ``behaviour_masks [B, L, L]`` with ``behaviour_cuts [B - 1]`` (the reward
+    structure: context ``x`` has behaviour ``behaviour_masks[#{cuts <= x[0]}]``). Without
+    them (None, the class defaults) every slot depends on every slot: the paper's model,
+    on the code path it always had.
     """
+
+    # Class-level defaults, not fields: a subclass that takes a reward structure declares
+    # them as pytree fields (SyntheticRewards); the semi-synthetic model stays symmetric.
+    behaviour_masks: jax.Array | None = None  # [B, L, L] float32 0/1, or None: all ones
+    behaviour_cuts: jax.Array | None = None  # [B - 1] float32 thresholds on x[0]
 
     def item_base(self, context: jax.Array) -> jax.Array:
         """``[n, dx] -> [n, D]`` base reward of every item."""
@@ -56,14 +86,45 @@ class InteractionRewards:
         """``base(x, a_l)``: ``[n, dx], [n, L] -> [n, L]``."""
         return jnp.take_along_axis(self.item_base(context), rankings, axis=-1)
 
-    def interaction_sum(self, rankings: jax.Array) -> jax.Array:
-        """``sum_{m != l} W(a_m, a_l)``: ``[n, L] -> [n, L]`` (W has a zero diagonal)."""
-        pair = self.interaction[rankings[..., :, None], rankings[..., None, :]]  # [n, L(m), L(l)]
-        return jnp.sum(pair, axis=-2)
+    def behaviour_index(self, context: jax.Array) -> jax.Array:
+        """Which of the ``B`` behaviours each context has: ``[n, dx] -> [n]`` int32 (all 0
+        for a fixed structure: no cuts)."""
+        if self.behaviour_cuts is None:
+            return jnp.zeros(context.shape[:1], jnp.int32)
+        return jnp.sum(context[:, :1] >= self.behaviour_cuts[None, :], axis=-1, dtype=jnp.int32)
+
+    def behaviour(self, context: jax.Array, n_slots: int | None = None) -> jax.Array:
+        """The true behaviour matrix ``c`` of every context: ``[n, dx] -> [n, L, L]`` int32
+        (``c[l, l'] = 1`` iff slot l's reward depends on the item at slot l').
+
+        Args:
+          context: ``[n, dx]``.
+          n_slots: ``L``; needed only without stored masks (the symmetric model, all ones).
+        """
+        if self.behaviour_masks is None:
+            if n_slots is None:
+                raise ValueError("behaviour of the symmetric reward structure needs n_slots (L)")
+            return jnp.ones((context.shape[0], n_slots, n_slots), jnp.int32)
+        return self.behaviour_masks[self.behaviour_index(context)].astype(jnp.int32)
+
+    def interaction_sum(self, rankings: jax.Array, context: jax.Array | None = None) -> jax.Array:
+        """``sum_{m != l, c[l, m] = 1} W(a_m, a_l)``: ``[n, L] -> [n, L]`` (W has a zero diagonal).
+
+        ``context [n, dx]`` is needed only by a context-dependent structure."""
+        if self.behaviour_masks is None:  # symmetric: the paper's model, its code path as it was
+            pair = self.interaction[rankings[..., :, None], rankings[..., None, :]]  # [n, L(m), L(l)]
+            return jnp.sum(pair, axis=-2)
+        if self.behaviour_masks.shape[0] == 1:  # a fixed structure: the same c for every row
+            masks = self.behaviour_masks
+        elif context is None:
+            raise ValueError("interaction_sum of a context-dependent reward structure needs the context")
+        else:
+            masks = self.behaviour_masks[self.behaviour_index(context)]  # [n, L, L]
+        return masked_interaction_sum(self.interaction, rankings, masks)
 
     def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
-        return self.base_reward(context, rankings) + self.lam * self.interaction_sum(rankings)
+        return self.base_reward(context, rankings) + self.lam * self.interaction_sum(rankings, context)
 
     def best_rankings(
         self,
@@ -77,14 +138,17 @@ class InteractionRewards:
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
 
-        Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: the interaction part of
-        every ranking's value is context-free, so values are one matrix product plus a
-        constant per ranking. Beyond that, without interactions (``lambda = 0`` or ``W = 0``)
-        exact by sorting: the L largest base rewards, the largest on the largest
-        position weight (``"exact-sort"``, ``O(D)`` per context). Otherwise a beam search
-        of width ``beam_width`` on the true q over all D items
+        Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: for a fixed reward
+        structure the interaction part of every ranking's value is context-free, so values
+        are one matrix product plus a constant per ranking (a context-dependent structure:
+        one constant per behaviour, each context adding its own). Beyond that, without
+        interactions (``lambda = 0``, ``W = 0`` or the ``"independent"`` structure) exact by
+        sorting: the L largest base rewards, the largest on the largest position weight
+        (``"exact-sort"``, ``O(D)`` per context). Otherwise, for the symmetric structure, a
+        beam search of width ``beam_width`` on the true q over all D items
         ([`opl_rank.opl.completion.best_rankings_beam`][opl_rank.opl.completion.best_rankings_beam], ``O(B D L)`` per context; a lower
-        bound on V*, reported as ``"beam"``).
+        bound on V*, reported as ``"beam"``); any other structure is a ValueError (the beam
+        search scores every pair of placed items, so it is not the optimum of a masked sum).
 
         Args:
           context: ``[n, dx]``.
@@ -105,17 +169,32 @@ class InteractionRewards:
         if n_rank <= max_enumerated:
             perms = jnp.asarray(pl.all_rankings(n_items, n_slots))  # [P, L]
             weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, n_items))  # [D, P]
-            inter = self.lam * (self.interaction_sum(perms) @ alpha)  # [P]
             rows = max(1, min(context.shape[0], 2**24 // n_rank))
-            best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
+            if self.behaviour_masks is None:
+                inter = self.lam * (self.interaction_sum(perms) @ alpha)  # [P]
+                best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
+                return perms[best], "exact"
+            inters = self.lam * jnp.stack(  # [B, P]: every ranking's interaction value under each behaviour
+                [masked_interaction_sum(self.interaction, perms, m[None]) @ alpha for m in self.behaviour_masks]
+            )
+            best = jax.lax.map(
+                lambda bi: jnp.argmax(bi[0] @ weights + inters[bi[1]]),
+                (base, self.behaviour_index(context)),
+                batch_size=rows,
+            )
             return perms[best], "exact"
-        if not _has_interactions(self.lam, self.interaction):
+        if not _has_interactions(self.lam, self.interaction, self.behaviour_masks):
             # Rearrangement: the largest base rewards on the largest weights.
             top = jax.lax.top_k(base, n_slots)[1].astype(jnp.int32)  # [n, L], largest first
             slot_rank = jnp.argsort(
                 jnp.argsort(-alpha, stable=True), stable=True
             )  # slot l gets the slot_rank[l]-th largest
             return top[:, slot_rank], "exact-sort"
+        if self.behaviour_masks is not None:
+            raise ValueError(
+                f"the optimum under a reward structure other than symmetric or independent needs enumeration: "
+                f"D!/(D-L)! = {n_rank} rankings exceed max_enumerated={max_enumerated} (D={n_items}, L={n_slots})"
+            )
         return completion.best_rankings_beam(
             base, self.interaction, alpha, beam_width=beam_width, scale=self.lam, v_t=interaction_t
         ), "beam"
@@ -124,7 +203,8 @@ class InteractionRewards:
         """Realised ``r_l``: ``[n, dx], [n, L] -> [n, L]``; fresh X_l and noise per call."""
         k_switch, k_noise = jax.random.split(key)
         switch = jax.random.uniform(k_switch, rankings.shape) <= self.lam  # 1{X_l <= lambda}
-        mean = self.base_reward(context, rankings) + jnp.where(switch, self.interaction_sum(rankings), 0.0)
+        inter = self.interaction_sum(rankings, context)
+        mean = self.base_reward(context, rankings) + jnp.where(switch, inter, 0.0)
         return mean + self.sigma * jax.random.normal(k_noise, rankings.shape, jnp.float32)
 
 
@@ -138,6 +218,10 @@ class SyntheticRewards(InteractionRewards, struct.PyTreeNode):
       interaction: ``[D, D]`` W(a_m, a_l), symmetric, zero diagonal.
       lam: ``[]`` interaction strength lambda in [0, 1].
       sigma: ``[]`` reward noise standard deviation.
+      behaviour_masks: ``[B, L, L]`` float32 behaviour matrices of the reward structure
+        (see [`reward_structure_masks`][reward_structure_masks]), or None: symmetric.
+      behaviour_cuts: ``[B - 1]`` float32 thresholds on ``x[0]`` choosing the behaviour,
+        or None (one behaviour).
     """
 
     theta: jax.Array  # [D, dx]
@@ -145,19 +229,91 @@ class SyntheticRewards(InteractionRewards, struct.PyTreeNode):
     interaction: jax.Array  # [D, D]
     lam: jax.Array  # []
     sigma: jax.Array  # []
+    behaviour_masks: jax.Array | None = None  # [B, L, L]; None: symmetric (the paper's model)
+    behaviour_cuts: jax.Array | None = None  # [B - 1]
 
     def item_base(self, context: jax.Array) -> jax.Array:
         """``theta_a^T x + b_a``: ``[n, dx] -> [n, D]``."""
         return context @ self.theta.T + self.bias[None, :]
 
 
-def _has_interactions(lam: jax.Array, interaction: jax.Array) -> bool:
-    """Whether ``lambda W`` has a non-zero entry (True when not concrete; the diagonal is zero
-    by construction and never counts)."""
+def _has_interactions(lam: jax.Array, interaction: jax.Array, masks: jax.Array | None = None) -> bool:
+    """Whether ``lambda W`` has a non-zero entry that some slot's reward reads (True when not
+    concrete; the diagonals of W and of the masks never count)."""
     try:
+        if masks is not None:
+            off_diagonal = masks * (1.0 - jnp.eye(masks.shape[-1], dtype=jnp.float32))[None, :, :]
+            if not bool(jnp.any(off_diagonal != 0)):
+                return False
         return float(lam) != 0.0 and bool(jnp.any(interaction != 0))
     except jax.errors.ConcretizationTypeError:
         return True
+
+
+def masked_interaction_sum(interaction: jax.Array, rankings: jax.Array, masks: jax.Array) -> jax.Array:
+    """``sum_{m != l, c[l, m] = 1} W(a_m, a_l)``: ``[D, D], [n, L], [n or 1, L, L] -> [n, L]``.
+
+    ``masks`` are behaviour matrices ``c`` (row l: the slots slot l depends on); W's zero
+    diagonal drops ``m = l``."""
+    pair = interaction[rankings[..., :, None], rankings[..., None, :]]  # [n, L(m), L(l)]
+    return jnp.sum(pair * jnp.swapaxes(masks, -1, -2), axis=-2)  # c[l, m] laid out as [m, l]
+
+
+def structure_mask(name: str, n_slots: int) -> np.ndarray:
+    """The behaviour matrix ``c`` of a fixed built-in structure: ``[L, L]`` int32."""
+    slot = np.arange(n_slots)
+    if name == "symmetric":
+        return np.ones((n_slots, n_slots), np.int32)
+    if name == "independent":
+        return np.eye(n_slots, dtype=np.int32)
+    if name == "cascade":  # slot l reads the items above it (and its own)
+        return (slot[None, :] <= slot[:, None]).astype(np.int32)
+    if name == "neighbour":
+        return (np.abs(slot[:, None] - slot[None, :]) <= 1).astype(np.int32)
+    fixed = [n for n in REWARD_STRUCTURES if n != "context"]
+    raise ValueError(f"reward_structure: no fixed structure {name!r}; fixed ones: {fixed}")
+
+
+def reward_structure_masks(structure: Any, n_slots: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Validate a ``reward_structure`` and give what the reward pytree stores.
+
+    Args:
+      structure: a name of ``REWARD_STRUCTURES`` or a 0/1 ``[L, L]``
+        array with a unit diagonal.
+      n_slots: ``L``.
+
+    Returns:
+      ``(behaviour_masks [B, L, L] float32, behaviour_cuts [B - 1] float32)``; ``(None,
+      None)`` for the symmetric structure (an all-ones array included), which keeps the
+      paper's code path; ``cuts`` None for a fixed structure.
+    """
+    if isinstance(structure, str):
+        if structure not in REWARD_STRUCTURES:
+            raise ValueError(
+                f"reward_structure must be one of {list(REWARD_STRUCTURES)} or a 0/1 [L, L] array, got {structure!r}"
+            )
+        if structure == "context":
+            masks = np.stack([structure_mask(name, n_slots) for name in CONTEXT_BEHAVIOURS])
+            return masks.astype(np.float32), np.asarray(CONTEXT_CUTS, np.float32)
+        mask = structure_mask(structure, n_slots)
+    else:
+        try:
+            mask = np.asarray(structure, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"reward_structure must be a name in {list(REWARD_STRUCTURES)} or a 0/1 [L, L] array, got {structure!r}"
+            ) from None
+        if mask.shape != (n_slots, n_slots):
+            raise ValueError(f"reward_structure must have shape [L, L] = ({n_slots}, {n_slots}), got {mask.shape}")
+        if not np.all((mask == 0) | (mask == 1)):
+            raise ValueError(f"reward_structure must hold only 0 and 1, got {mask.tolist()}")
+        if not np.all(np.diag(mask) == 1):
+            raise ValueError(
+                f"reward_structure must have a unit diagonal (slot l depends on its item), got {mask.tolist()}"
+            )
+    if np.all(mask == 1):  # symmetric: no masks, the paper's exact code path
+        return None, None
+    return mask.astype(np.float32)[None, :, :], None
 
 
 def symmetric_interaction(key: jax.Array, n_items: int, scale: float) -> jax.Array:
@@ -203,6 +359,7 @@ class SyntheticRankingEnv:
         position_weight: Any = None,
         logging_temperature: float = 1.0,
         logging_policy: Any = None,
+        reward_structure: Any = "symmetric",
     ) -> SyntheticRankingEnv:
         """Draw an environment.
 
@@ -220,6 +377,11 @@ class SyntheticRankingEnv:
           logging_policy: None (PL linear, U(0,1) coefficients, ``logging_temperature``),
             ``"uniform"``, or any callable ``(context [n, dx], item_features [D, D]) ->
             logits [n, D]``.
+          reward_structure: which slots' items enter slot l's interaction sum: one of
+            ``REWARD_STRUCTURES`` (``"symmetric"``, the paper's model;
+            ``"independent"``; ``"cascade"``; ``"neighbour"``; ``"context"``) or a 0/1
+            ``[L, L]`` behaviour matrix with a unit diagonal (see the module docstring).
+            It draws nothing: the same key gives the same theta, b, W for every structure.
 
         Returns:
           The environment.
@@ -235,6 +397,7 @@ class SyntheticRankingEnv:
             interaction_scale=interaction_scale,
             bias_scale=bias_scale,
         )
+        masks, cuts = reward_structure_masks(reward_structure, ranking_length)
 
         k_theta, k_bias, k_w, k_log = jax.random.split(key, 4)
         reward_model = SyntheticRewards(
@@ -243,6 +406,8 @@ class SyntheticRankingEnv:
             interaction=symmetric_interaction(k_w, n_items, interaction_scale),
             lam=jnp.asarray(lam, jnp.float32),
             sigma=jnp.asarray(sigma, jnp.float32),
+            behaviour_masks=None if masks is None else jnp.asarray(masks),
+            behaviour_cuts=None if cuts is None else jnp.asarray(cuts),
         )
         if logging_policy is None:
             logging_policy = PlackettLuceLinear.random(k_log, n_items, context_dim, logging_temperature)
@@ -279,7 +444,13 @@ class SyntheticRankingEnv:
         return self.logging_policy(context, self.item_features)
 
     def sample_logged_data(
-        self, key: jax.Array, n: int, *, position_marginals: str = "none", progress: Callable[[int], None] | None = None
+        self,
+        key: jax.Array,
+        n: int,
+        *,
+        position_marginals: str = "none",
+        progress: Callable[[int], None] | None = None,
+        logging_logits: bool = False,
     ) -> LoggedData:
         """Log ``n`` rounds of the logging policy.
 
@@ -289,6 +460,8 @@ class SyntheticRankingEnv:
           position_marginals: ``"exact"`` also stores ``log P_0(a_l = a_il | x)`` (for IIPS),
             computed exactly by the exponential-race quadrature; ``"none"`` skips it.
           progress: called with the rows done after each chunk (e.g. ``tqdm(total=n).update``).
+          logging_logits: also store the logging policy's logits ``[n, D]``
+            (``LoggedData.logging_logits``: what ``aips`` needs for non-prefix item sets).
 
         Returns:
           Validated [`LoggedData`][opl_rank.data.LoggedData].
@@ -303,6 +476,7 @@ class SyntheticRankingEnv:
             n_slots=self.ranking_length,
             position_marginals=position_marginals,
             progress=progress,
+            store_logits=logging_logits,
         )
         return LoggedData(
             position_weight=self.position_weight,
@@ -315,6 +489,12 @@ class SyntheticRankingEnv:
     def expected_reward(self, context: jax.Array, rankings: jax.Array) -> jax.Array:
         """``q_l(x, a)``: ``[n, dx], [n, L] -> [n, L]``."""
         return self.reward_model.expected_reward(context, rankings)
+
+    def behaviour(self, context: jax.Array) -> jax.Array:
+        """The true behaviour matrix of every context (the reward structure; what an
+        adaptive-IPS estimator takes as its true behaviour): ``[n, dx] -> [n, L, L]`` int32,
+        ``c[l, l'] = 1`` iff slot l's reward depends on the item at slot l'."""
+        return self.reward_model.behaviour(context, n_slots=self.ranking_length)
 
     def policy_value(
         self, policy: Any, key: jax.Array, n_contexts: int = 100_000, *, progress: Callable[[int], None] | None = None

@@ -1,13 +1,14 @@
 """Off-policy learning and evaluation of ranking policies from logged bandit feedback.
 
 The estimator registry ([`estimators`][opl_rank.opl.estimators]) and what its estimators read
-([`estimator_inputs`][opl_rank.opl.estimator_inputs]; Cascade-DR: [`cascade_dr`][opl_rank.opl.cascade_dr]), ranking policies and their
+([`estimator_inputs`][opl_rank.opl.estimator_inputs]; Cascade-DR: [`cascade_dr`][opl_rank.opl.cascade_dr]; adaptive IPS: [`aips`][opl_rank.opl.aips]), ranking policies and their
 propensities ([`policies`][opl_rank.opl.policies]), reward models f_hat and their second-stage
 completion, the learners ([`learners`][opl_rank.opl.learners]), off-policy evaluation
 ([`ope`][opl_rank.opl.ope]) and the choice of R-POD's k ([`select_k`][opl_rank.opl.select_k]).
 """
 
 from opl_rank.opl import (
+    aips,
     cascade_dr,
     completion,
     estimator_inputs,
@@ -20,6 +21,7 @@ from opl_rank.opl import (
 )
 
 __all__ = [
+    "aips",
     "cascade_dr",
     "completion",
     "estimator_inputs",

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -200,6 +200,10 @@ class LearnerConfig:
       train: optimisation of the policy.
       reward_train: optimisation of f_hat.
       valid_fraction: rows held out for early stopping (0: none; needs ``train.patience``).
+      estimator_options: options of the estimator's inputs hook (its ``given``), e.g.
+        ``{"behaviour": "neighbour-1"}`` for ``aips`` or ``{"fitting": "iw"}`` for
+        ``cascade_dr``; stored as a tuple of pairs (arrays as nested tuples) so the config stays
+        hashable.
     """
 
     method: str
@@ -215,8 +219,11 @@ class LearnerConfig:
     train: TrainConfig = TrainConfig(epochs=30, batch_size=256, learning_rate=5e-2)
     reward_train: TrainConfig = TrainConfig(epochs=60, batch_size=256, learning_rate=2e-2)
     valid_fraction: float = 0.0
+    estimator_options: Any = None
 
     def __post_init__(self) -> None:
+        if self.estimator_options is not None:
+            object.__setattr__(self, "estimator_options", _frozen_options(self.estimator_options))
         methods = learning_methods()
         if self.method not in methods:
             raise ValueError(f"method must be one of {methods}, got {self.method!r}")
@@ -256,6 +263,25 @@ class LearnerConfig:
             config=self.reward_train,
             item_feature_dim=self.item_feature_dim,
         )
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)) or (hasattr(value, "shape") and hasattr(value, "tolist")):
+        return tuple(_frozen(v) for v in (value.tolist() if hasattr(value, "tolist") else value))
+    return value
+
+
+def _frozen_options(options: Any) -> tuple[tuple[str, Any], ...]:
+    """``{name: value}`` (or pairs) as sorted pairs of hashable values."""
+    pairs = options.items() if isinstance(options, Mapping) else options
+    try:
+        frozen = tuple(sorted((str(name), _frozen(value)) for name, value in pairs))
+        hash(frozen)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"estimator_options must be a dict of hashable values or arrays, got {options!r:.200}"
+        ) from err
+    return frozen
 
 
 class _Plan(NamedTuple):
@@ -329,6 +355,7 @@ def _surrogate(plan: _Plan) -> Callable:
             k if entry.uses_k else None,
             learning=True,
             n_samples=config.n_samples,
+            given=dict(config.estimator_options) if config.estimator_options is not None else None,
             extras=extras,
         )
         model, inputs = build(entry, request)
