@@ -144,8 +144,10 @@ def run_group(
     truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"], options) for c in group]
     step(f"logging {group[0]['n']} rounds")
     need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
+    # aips needs the logging policy's logits for non-prefix behaviours: only asked where it is run
+    extra = {"logging_logits": True} if "aips" in sweep.methods else {}
     datas = [
-        env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none")
+        env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none", **extra)
         for (env, *_), k, c in zip(truth, keys, group)
     ]
     n_slots = group[0]["L"]
@@ -177,6 +179,7 @@ def run_group(
             reward_hidden=sweep.reward_hidden,
             item_feature_dim=item_feature_dim,
             slot_marginals=sweep.slot_marginals or "auto",
+            estimator_options=dict(sweep.estimator_options or ()).get(method),
         )
 
     done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}

@@ -120,12 +120,15 @@ class OPLSweep:
     # estimators (opl_rank.opl.estimators.register) or environments (simulators.environments.register)
     axes: Any = None  # {name: [values]}: more grid axes (config keys or simulator options); see the module doc
     env_options: Any = None  # {name: value}: options of the simulator (its EnvironmentSpec.options)
+    estimator_options: Any = None  # {method: {option: value}}: its estimator's inputs-hook options
+    # (LearnerConfig.estimator_options), e.g. {aips: {behaviour: neighbour-1}}
 
     def __post_init__(self) -> None:
         import_plugins(self.plugins)
         # Stored as tuples of pairs: the config stays hashable (cells cache their environments).
         object.__setattr__(self, "env_options", _pairs(self.env_options, "env_options") or None)
         object.__setattr__(self, "axes", _pairs(self.axes, "axes") or None)
+        object.__setattr__(self, "estimator_options", _estimator_options(self.estimator_options, self.methods))
         from opl_rank.opl.learners import learning_methods
         from opl_rank.opl.reward_models import REWARD_MODEL_KINDS
 
@@ -268,6 +271,27 @@ class OPLSweep:
                     dataclasses.replace(self, axes=None, **{name: v})
 
 
+def _estimator_options(value: Any, methods: tuple[str, ...]) -> tuple | None:
+    """``{method: {option: value}}`` as sorted nested pairs (hashable); each method must be in
+    ``methods``; the options are checked by ``LearnerConfig`` when a cell fits."""
+    if value is None or value == {} or value == ():
+        return None
+    if isinstance(value, (list, tuple)):  # already stored
+        value = {name: dict(options) for name, options in value}
+    if not isinstance(value, dict):
+        raise ValueError(f"estimator_options must be a mapping of methods to option mappings, got {value!r}")
+    out = []
+    for method, options in value.items():
+        if method not in methods:
+            raise ValueError(f"estimator_options.{method}: not one of this sweep's methods {list(methods)}")
+        if not isinstance(options, dict):
+            raise ValueError(f"estimator_options.{method} must be a mapping of options, got {options!r}")
+        out.append(
+            (method, tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in options.items())))
+        )
+    return tuple(sorted(out))
+
+
 def _pairs(value: Any, what: str) -> tuple:
     """A YAML mapping (or its stored pairs) as ``((name, value), ...)``; axes' values as tuples."""
     if value is None:
@@ -359,6 +383,12 @@ def resolved_config(sweep: OPLSweep) -> dict[str, Any]:
     out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sweep).items()}
     out["axes"] = {name: list(values) for name, values in sweep.axes} if sweep.axes else None
     out["env_options"] = dict(sweep.env_options) if sweep.env_options else None
+    if sweep.estimator_options is None:  # absent, as before the key existed: older cells keep their hash
+        out.pop("estimator_options", None)
+    else:
+        out["estimator_options"] = {
+            m: {k: list(v) if isinstance(v, tuple) else v for k, v in o} for m, o in sweep.estimator_options
+        }
     for name in row_axis_columns(sweep):
         out.pop(name, None)
     return out

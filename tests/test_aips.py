@@ -361,3 +361,44 @@ def test_aips_learner_beats_logging():
     v0 = env.logging_policy_value(make_key(43), 20_000).value
     value = env.policy_value(policy, make_key(43), 20_000).value
     assert value > v0 + 0.3, (value, v0)
+
+
+def test_a_sweep_runs_aips_with_its_estimator_options(tmp_path):
+    """estimator_options reach LearnerConfig in a sweep; non-prefix behaviours get the logging
+    logits they need; a config without the key keeps its resolved form (and hash)."""
+    import csv
+
+    import yaml
+
+    from experiments.cli import main
+    from experiments.sweep_config import load_sweep, resolved_config
+
+    out = tmp_path / "sweep"
+    config = yaml.safe_load(open("experiments/configs/synthetic_opl_small.yaml"))
+    config.update(
+        methods=["rips", "aips"],
+        estimator_options={"aips": {"behaviour": "neighbour-1"}},
+        n_items=[5],
+        ranking_length=[3],
+        lam=[0.0],
+        n=[400],
+        seeds=[0],
+        eval_contexts=2000,
+        policy_epochs=2,
+        output_dir=str(out),
+        reward_models=["additive"],
+        ks=[0, 1],
+    )
+    path = tmp_path / "aips.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["sweep", "--config", str(path), "--quiet"]) == 0
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["rips", "aips"] and np.isfinite(float(rows[1]["V"]))
+    sweep = load_sweep(str(path), {})
+    assert resolved_config(sweep)["estimator_options"] == {"aips": {"behaviour": "neighbour-1"}}
+    assert "estimator_options" not in resolved_config(load_sweep("experiments/configs/synthetic_opl_small.yaml", {}))
+    config["estimator_options"] = {"dr": {"behaviour": "cascade"}}
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="estimator_options.dr"):
+        load_sweep(str(path), {})
