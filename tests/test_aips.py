@@ -402,3 +402,34 @@ def test_a_sweep_runs_aips_with_its_estimator_options(tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match="estimator_options.dr"):
         load_sweep(str(path), {})
+
+
+def test_cascade_needs_only_the_prefix_propensities():
+    """The default behaviour (cascade) runs on logs with neither marginals nor logits -- the
+    simulators' default -- and is RIPS there; L = 1 needs nothing more either."""
+    theta0, theta = _logits()
+    bare = _all_rows(_neighbour_rewards, theta0, logits=False, marginals=False)
+    policy = PLPolicy(_SCORER, theta, L)
+    got = aips.aips_inputs(InputRequest(policy, bare, make_key(1)))  # default behaviour
+    np.testing.assert_allclose(got.log_target, policy.propensities(bare).log_prefix, rtol=1e-6)
+    np.testing.assert_allclose(got.log_logging, bare.log_pi0_prefix, rtol=1e-6)
+    one = bare.replace(
+        ranking=bare.ranking[:, :1],
+        reward=bare.reward[:, :1],
+        log_pi0_prefix=bare.log_pi0_prefix[:, :1],
+        position_weight=ALPHA[:1],
+    )
+    for name in ("independent", "standard"):
+        value = aips.aips_inputs(InputRequest(PLPolicy(_SCORER, theta, 1), one, make_key(1), given={"behaviour": name}))
+        np.testing.assert_allclose(value.log_logging, one.log_pi0_prefix, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [({"n_samples": 0}, "n_samples must be a positive int"), ({"method": "fast"}, "method must be one of")],
+)
+def test_bad_options_name_the_option(options, match):
+    theta0, theta = _logits()
+    data = _all_rows(_neighbour_rewards, theta0)
+    with pytest.raises(ValueError, match=match):
+        aips.aips_inputs(InputRequest(PLPolicy(_SCORER, theta, L), data, make_key(1), given=options))

@@ -59,7 +59,7 @@ from opl_rank.data import LoggedData
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimator_inputs import InputRequest
 from opl_rank.opl.estimators import Estimator, ModelTerms, Propensities, Terms, importance_weight
-from opl_rank.opl.policies import PLPolicy
+from opl_rank.opl.policies import PLPolicy, _log_indicator, _log_marginal
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
 
@@ -136,7 +136,7 @@ def check_behaviour(behaviour: Any, n_slots: int, n_rows: int | None = None) -> 
     if isinstance(behaviour, jax.core.Tracer):
         if behaviour.shape not in ((n_slots, n_slots), (n_rows, n_slots, n_slots)):
             raise ValueError(f"behaviour must be [L, L] or [n, L, L] with L={n_slots}, got {behaviour.shape}")
-        return behaviour.astype(bool)
+        return behaviour.astype(bool) | jnp.eye(n_slots, dtype=bool)  # traced: the diagonal is forced
     c = np.asarray(behaviour)
     if c.shape != (n_slots, n_slots) and not (c.ndim == 3 and c.shape[1:] == (n_slots, n_slots)):
         raise ValueError(f"behaviour must be [L, L] or [n, L, L] with L={n_slots}, got shape {c.shape}")
@@ -158,7 +158,7 @@ def _kinds(c: Any) -> tuple[Any, Any, Any]:
     slots = xp.arange(n_slots).reshape((1,) * (c.ndim - 1) + (n_slots,))
     last = xp.max(xp.where(c, slots, -1), axis=-1)
     is_prefix = xp.sum(c, axis=-1) == last + 1
-    is_single = xp.sum(c, axis=-1) == 1
+    is_single = (xp.sum(c, axis=-1) == 1) & ~is_prefix  # {1} is a prefix: no marginal needed
     return last, is_prefix, is_single
 
 
@@ -251,7 +251,7 @@ def _set_log_probs(logits, ranking, log_prefix, log_slot, where, key, c_rows, me
     concrete = isinstance(c_rows, np.ndarray)
     if not concrete or is_single.any():
         if log_slot is None:
-            log_slot = jnp.log(marginals.exact_slot_marginals(logits, ranking, where=where))
+            log_slot = _log_marginal(marginals.exact_slot_marginals(logits, ranking, where=where))
         out = jnp.where(jnp.asarray(is_single), log_slot, out)
     gaps = _gap_counts(c_rows) if concrete else list(range(1, max(n_slots - 1, 1)))
     gaps = [g for g in gaps if g >= 1]
@@ -263,7 +263,7 @@ def _set_log_probs(logits, ranking, log_prefix, log_slot, where, key, c_rows, me
         gapped = _enumerated_set_log_probs(logits, ranking, c_rows, gaps, where)
     else:
         if key is None:
-            raise ValueError("sampled set probabilities need a PRNG key")
+            raise ValueError("method='sampled' (or 'auto' beyond max_enumerated) needs key=, a PRNG key")
         gapped = _sampled_set_log_probs(key, logits, ranking, jnp.asarray(c_rows), n_samples, where)
     return jnp.where(other, gapped, out)
 
@@ -291,7 +291,7 @@ def _sequence_log_prob(logits: jax.Array, valid: jax.Array, items: jax.Array, up
     denom = pl.safe_logsumexp(jnp.where(avail, logits, -jnp.inf), axis=-1)  # [.., L]
     chosen = jnp.sum(jnp.where(one_hot, logits, 0.0), axis=-1)
     ok = jnp.any(one_hot & valid, axis=-1) & jnp.isfinite(denom)
-    factor = jnp.where(ok, chosen - jnp.where(ok, denom, 0.0), -jnp.inf)
+    factor = jnp.where(ok, jnp.minimum(chosen - jnp.where(ok, denom, 0.0), 0.0), -jnp.inf)  # log-probs <= 0
     slots = jnp.arange(items.shape[-1]).reshape((1,) * (items.ndim - 1) + (items.shape[-1],))
     return jnp.sum(jnp.where(slots <= upto[..., None], factor, 0.0), axis=-1)
 
@@ -402,7 +402,8 @@ def _sampled_set_log_probs(key, logits, ranking, c, n_samples, where):
     (_, log_w, log_q), _ = jax.lax.scan(step, (placed, zeros, zeros), jnp.arange(n_slots))
     # log of the mean weight, the weight a magic box carrying the drawn fills' score (log space:
     # no 0 * inf gradient where the probabilities underflow)
-    return pl.safe_logsumexp(log_w + log_q - sg(log_q), axis=-1) - jnp.log(jnp.float32(n_samples))
+    box = jnp.where(jnp.isfinite(log_q), log_q - sg(log_q), 0.0)  # no -inf - -inf
+    return pl.safe_logsumexp(log_w + box, axis=-1) - jnp.log(jnp.float32(n_samples))
 
 
 # ---------------------------------------------------------------------------------------
@@ -442,6 +443,12 @@ def _options(given: Any) -> Mapping[str, Any]:
     given = {} if given is None else given
     if not isinstance(given, Mapping) or set(given) - set(_OPTIONS):
         raise ValueError(f"inputs for aips must be a dict with keys among {list(_OPTIONS)}, got {given!r:.200}")
+    for name in ("n_samples", "logging_samples", "max_enumerated"):
+        value = given.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"aips option {name} must be a positive int, got {value!r}")
+    if given.get("method", "auto") not in METHODS:
+        raise ValueError(f"aips option method must be one of {METHODS}, got {given.get('method')!r}")
     return given
 
 
@@ -464,11 +471,16 @@ def _target_log_probs(request: InputRequest, c: Any, options: Mapping[str, Any])
     policy, batch = request.policy, request.batch
     key = jax.random.fold_in(request.key, 3)
     c_rows = jnp.asarray(_rows(c, batch.ranking.shape[0]))
+    n_slots = batch.ranking.shape[1]
+    if getattr(policy, "n_slots", n_slots) != n_slots:
+        raise ValueError(
+            f"aips needs a target ranking all L={n_slots} slots, got a policy with n_slots={policy.n_slots}"
+        )
     if getattr(policy, "deterministic", False):  # indicators: it agrees with the logs on S_l or not
         ranking = policy.sample(None, batch.context, where=batch.item_mask)
         agree = ranking == batch.ranking  # [n, L(t)]
         hit = jnp.all(jnp.where(c_rows, agree[:, None, :], True), axis=-1)
-        return jnp.where(hit, 0.0, -jnp.inf)
+        return _log_indicator(hit)
     is_pl = isinstance(policy, PLPolicy) or getattr(policy, "pl_stage", None) is policy
     if is_pl and policy.n_slots == batch.ranking.shape[1]:  # Plackett-Luce over all L slots
         single = bool(_kinds(c)[2].any()) if isinstance(c, np.ndarray) else True
