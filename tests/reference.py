@@ -49,3 +49,35 @@ def synthetic_expected_reward(theta, bias, interaction, lam, x, ranking) -> np.n
         inter = sum(float(interaction[a_m, a_l]) for m, a_m in enumerate(ranking) if m != l)
         out.append(base + lam * inter)
     return np.array(out)
+
+
+class ConstantLogits:
+    """A scorer whose parameters are one logit vector shared by every context (PLPolicy's
+    ``module`` for enumerated tiny problems)."""
+
+    def apply(self, params, context):
+        import jax.numpy as jnp
+
+        return jnp.broadcast_to(params, (context.shape[0], params.shape[-1]))
+
+
+def enumerated_logs(rankings, reward_fn, theta0, position_weight, **fields):
+    """Every ranking once as a logged row (one shared context), its expected rewards as the
+    rewards and the PL(theta0) prefix propensities: estimators linear in the rewards then have
+    exact expectations as ``sum_a pi_0(a) value(a)``. ``fields`` adds LoggedData fields."""
+    import jax.numpy as jnp
+
+    from opl_rank import LoggedData
+    from opl_rank.pl import plackett_luce as pl
+
+    n_rows, n_items = rankings.shape[0], theta0.shape[-1]
+    logits0 = jnp.broadcast_to(theta0, (n_rows, n_items))
+    return LoggedData(
+        context=jnp.zeros((n_rows, 1)),
+        ranking=rankings,
+        reward=reward_fn(rankings),
+        log_pi0_prefix=pl.prefix_log_probs(logits0, rankings),
+        position_weight=position_weight,
+        n_items=n_items,
+        **fields,
+    )

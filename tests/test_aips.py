@@ -19,6 +19,7 @@ from opl_rank.opl import estimators as oe
 from opl_rank.opl.estimator_inputs import InputRequest
 from opl_rank.opl.policies import PLPolicy
 from opl_rank.pl import plackett_luce as pl
+from tests.reference import ConstantLogits, enumerated_logs
 
 D, L = 5, 4
 RANKINGS = jnp.asarray(pl.all_rankings(D, L))  # [120, L]
@@ -26,14 +27,7 @@ ALPHA = jnp.array([1.0, 0.7, 0.5, 0.3])
 BUILT_IN = ("independent", "cascade", "standard", "neighbour-1", "top-1", "top-2")
 
 
-class _ConstantLogits:
-    """A scorer whose parameters are one logit vector shared by every context."""
-
-    def apply(self, params, context):
-        return jnp.broadcast_to(params, (context.shape[0], params.shape[-1]))
-
-
-_SCORER = _ConstantLogits()
+_SCORER = ConstantLogits()
 
 
 @functools.cache
@@ -74,21 +68,15 @@ def _neighbour_rewards(rankings):
 
 
 def _all_rows(reward_fn, theta0, *, logits=True, marginals=True):
-    P = RANKINGS.shape[0]
-    logits0 = jnp.broadcast_to(theta0, (P, D))
-    return LoggedData(
-        context=jnp.zeros((P, 1)),
-        ranking=RANKINGS,
-        reward=reward_fn(RANKINGS),
-        log_pi0_prefix=pl.prefix_log_probs(logits0, RANKINGS),
-        log_pi0_position_marginal=jnp.log(
-            jnp.asarray(_set_probs_brute(logits0, RANKINGS, np.eye(L, dtype=bool)), jnp.float32)
-        )
-        if marginals
-        else None,
+    logits0 = jnp.broadcast_to(theta0, (RANKINGS.shape[0], D))
+    marginal = _set_probs_brute(logits0, RANKINGS, np.eye(L, dtype=bool))
+    return enumerated_logs(
+        RANKINGS,
+        reward_fn,
+        theta0,
+        ALPHA,
+        log_pi0_position_marginal=jnp.log(jnp.asarray(marginal, jnp.float32)) if marginals else None,
         logging_logits=logits0 if logits else None,
-        position_weight=ALPHA,
-        n_items=D,
     )
 
 

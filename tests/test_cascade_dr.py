@@ -20,6 +20,7 @@ from opl_rank.opl import estimators as oe
 from opl_rank.opl import ope
 from opl_rank.opl.policies import PLPolicy
 from opl_rank.pl import plackett_luce as pl
+from tests.reference import ConstantLogits, enumerated_logs
 
 D, L = 5, 3
 RANKINGS = jnp.asarray(pl.all_rankings(D, L))  # [60, L]
@@ -49,16 +50,7 @@ def _logits():
 
 
 def _all_rows(reward_fn, theta0):
-    P = RANKINGS.shape[0]
-    logits0 = jnp.broadcast_to(theta0, (P, D))
-    return LoggedData(
-        context=jnp.zeros((P, 1)),
-        ranking=RANKINGS,
-        reward=reward_fn(RANKINGS),
-        log_pi0_prefix=pl.prefix_log_probs(logits0, RANKINGS),
-        position_weight=ALPHA,
-        n_items=D,
-    )
+    return enumerated_logs(RANKINGS, reward_fn, theta0, ALPHA)
 
 
 def _target(theta, data):
@@ -237,14 +229,7 @@ def _sampled_logs(n, key, reward_fn=_cascade_rewards, noise=0.1):
     )
 
 
-class _ConstantLogits:
-    """A scorer whose parameters are one logit vector shared by every context."""
-
-    def apply(self, params, context):
-        return jnp.broadcast_to(params, (context.shape[0], params.shape[-1]))
-
-
-_SCORER = _ConstantLogits()
+_SCORER = ConstantLogits()
 
 
 def _target_policy():
