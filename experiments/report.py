@@ -25,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from experiments.sweep_cell import DIAGNOSTIC_COLUMNS
 from experiments.sweep_cell import OUTCOME_COLUMNS as _SWEEP_OUTCOME_COLUMNS
 
 __all__ = [
@@ -136,7 +137,7 @@ def load_rows(path: str) -> list[dict[str, Any]]:
     axes, e.g. ``interaction_scale``) are parsed as ints where every value is one, as
     floats where every value is a number, and kept as strings otherwise."""
     ints = ("k", "n", "D", "L", "seed", "k_selected")
-    floats = ("lambda", "tau", "V", "V_se", "V0", "V_star", "normalized_gain", "fit_seconds")
+    floats = ("lambda", "tau", "V", "V_se", "V0", "V_star", "normalized_gain", "fit_seconds") + DIAGNOSTIC_COLUMNS
     path = results_file(path)
     raws = _read_table(path)
     if not raws:

@@ -55,18 +55,27 @@ ROW_COLUMNS = (
     "k_selected",
     "selector",
 )
+# With ``diagnostics: true``: R-POD's two error sources per row (opl_rank.opl.diagnostics):
+# E|Delta_q - Delta_f_hat| over pairs sharing the row's top k, its scale E|Delta_q|, and the
+# top-k weights' ESS over n on the logged rounds (NaN where a row has no such quantity).
+DIAGNOSTIC_COLUMNS = ("cpc_violation", "cpc_scale", "ess_fraction")
 # The columns of a row that say which fit it is or what it measured; the others (simulator,
 # logging policy, D, L, tau, lambda, n and the declared axes) are its setting.
-OUTCOME_COLUMNS = tuple(
-    c for c in ROW_COLUMNS if c not in ("simulator", "logging_policy", "lambda", "n", "D", "L", "tau")
+OUTCOME_COLUMNS = (
+    tuple(c for c in ROW_COLUMNS if c not in ("simulator", "logging_policy", "lambda", "n", "D", "L", "tau"))
+    + DIAGNOSTIC_COLUMNS
 )
+DIAGNOSTIC_CONTEXTS = 2000  # contexts x 4 pairs each for the CPC violation
+DIAGNOSTIC_PAIRS = 4
 _CELL_COLUMNS = {"D": "D", "L": "L", "tau": "tau", "lam": "lambda", "seed": "seed", "n": "n"}  # cell key -> row column
 
 
 def row_columns(sweep: OPLSweep) -> tuple[str, ...]:
-    """A row's columns: [`ROW_COLUMNS`][ROW_COLUMNS] with one column per declared axis after ``seed``."""
+    """A row's columns: [`ROW_COLUMNS`][ROW_COLUMNS] with one column per declared axis after ``seed``
+    (and [`DIAGNOSTIC_COLUMNS`][DIAGNOSTIC_COLUMNS] last with ``diagnostics``)."""
     at = ROW_COLUMNS.index("seed") + 1
-    return ROW_COLUMNS[:at] + row_axis_columns(sweep) + ROW_COLUMNS[at:]
+    extra = DIAGNOSTIC_COLUMNS if sweep.diagnostics else ()
+    return ROW_COLUMNS[:at] + row_axis_columns(sweep) + ROW_COLUMNS[at:] + extra
 
 
 @functools.lru_cache(maxsize=128)
@@ -156,12 +165,14 @@ def run_group(
         batch_size=sweep.batch_size,
         learning_rate=sweep.policy_learning_rate,
         devices=sweep.devices,
+        patience=sweep.policy_patience,
     )
     reward = TrainConfig(
         epochs=sweep.reward_epochs,
         batch_size=sweep.batch_size,
         learning_rate=sweep.reward_learning_rate,
         devices=sweep.devices,
+        patience=sweep.reward_patience,
     )
     together = len(group) > 1
 
@@ -180,13 +191,15 @@ def run_group(
             item_feature_dim=item_feature_dim,
             slot_marginals=sweep.slot_marginals or "auto",
             estimator_options=dict(sweep.estimator_options or ()).get(method),
+            valid_fraction=sweep.valid_fraction,
         )
 
-    done: dict[tuple[str, int | None, str], tuple[list[Any], float]] = {}
+    done: dict[tuple[str, int | None, str], tuple[list[Any], float, list[dict[str, float]]]] = {}
 
     def values_of(method, k, kind):
-        """([true value per seed], seconds per seed) of one fit, cached; R-POD at k = 0 /
-        k = L reuses the regression / DR fit (the same estimator, fitted with the same key)."""
+        """([true value per seed], seconds per seed, [diagnostics per seed]) of one fit, cached;
+        R-POD at k = 0 / k = L reuses the regression / DR fit (the same estimator, fitted with
+        the same key)."""
         alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
         key = alias if alias is not None else (method, k, kind)
         if key not in done:
@@ -197,8 +210,13 @@ def run_group(
             else:
                 policies = [fit(datas[0], k_fit[0], config(*key), on_epoch=on_epoch, reward_params=reward_params)]
             values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
-            done[key] = (values, reward_seconds + (time.perf_counter() - start) / len(group))
-        return done[key]
+            seconds = reward_seconds + (time.perf_counter() - start) / len(group)
+            measured = [
+                _diagnostics(env, p, d, key[0], n_slots if key[0] == "dr" else key[1], ke) if sweep.diagnostics else {}
+                for p, (env, *_), d, ke in zip(policies, truth, datas, k_eval)
+            ]
+            done[key] = (values, seconds, measured)
+        return done[key][:2]
 
     rewards: dict[str, tuple[Any, float]] = {}
 
@@ -217,6 +235,17 @@ def run_group(
                 params = fit_reward(datas[0], k_fit[0], reward_config)
             rewards[kind] = (params, (time.perf_counter() - start) / len(group))
         return rewards[kind]
+
+    def diagnosed(method, k, kind, s, *, selected=False):
+        """Seed ``s``'s diagnostic columns of a fitted row ({} without ``diagnostics``); a
+        selection row (``selected``) has those of the R-POD fit at the k it chose."""
+        if not sweep.diagnostics:
+            return {}
+        if selected and k is None:  # a selection row that chose no k
+            return dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
+        values_of(method, k, kind)
+        alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
+        return done[alias if alias is not None else (method, k, kind)][2][s]
 
     rows: list[list[dict[str, Any]]] = [[] for _ in group]
     candidates = candidate_ks(sweep, n_slots)
@@ -252,9 +281,11 @@ def run_group(
             unknown = PolicyValue(math.nan, math.nan, 0)  # no k chosen: no value (never a silent k)
             values = [unknown if c is None else values_of("rpod", c, kind)[0][s] for s, c in enumerate(chosen)]
             seconds = (time.perf_counter() - start) / len(group)
+            measured = [diagnosed("rpod", c, kind, s, selected=True) for s, c in enumerate(chosen)]
             k = None
         else:
             values, seconds = values_of(method, k, kind)
+            measured = [diagnosed(method, k, kind, s) for s in range(len(group))]
         for s, cell in enumerate(group):
             _, v0, v_star, star_method = truth[s]
             gap = v_star.value - v0.value
@@ -281,9 +312,56 @@ def run_group(
                     "fit_seconds": seconds,
                     "k_selected": chosen[s],
                     "selector": selector,
+                    **measured[s],
                 }
             )
     return rows
+
+
+def _diagnostics(env: Any, policy: Any, data: Any, method: str, k: int | None, key: Any) -> dict[str, float]:
+    """R-POD's two error sources for one fitted policy ([`DIAGNOSTIC_COLUMNS`][DIAGNOSTIC_COLUMNS]):
+    the CPC violation of its f_hat at its k, on the environment's exact q over
+    [`DIAGNOSTIC_CONTEXTS`][DIAGNOSTIC_CONTEXTS] fresh contexts (NaN without an f_hat, 0 at
+    k = L), and the ESS of its top-k weights on the logged rounds (1 at k = 0, NaN for a
+    policy without PL propensities). Methods other than regression (k = 0), rpod and the
+    policy-based ones (k = L) get NaN for the CPC violation."""
+    import jax
+    import jax.numpy as jnp
+
+    from opl_rank.opl import diagnostics
+
+    n_slots = data.ranking_length
+    k = {"regression": 0}.get(method, k)
+    nan = math.nan
+    out = {"cpc_violation": nan, "cpc_scale": nan, "ess_fraction": nan}
+    f_hat = getattr(policy, "reward_model", None)
+    if k is not None and all(hasattr(env, a) for a in ("sample_contexts", "logging_logits", "expected_reward")):
+        k_ctx, k_pairs = jax.random.split(jax.random.fold_in(key, 7))
+        context = env.sample_contexts(k_ctx, DIAGNOSTIC_CONTEXTS)
+        a, b = diagnostics.shared_prefix_pairs(
+            k_pairs, env.logging_logits(context), k, n_slots, DIAGNOSTIC_PAIRS
+        )  # [P, m, L]
+        tiled = jnp.broadcast_to(context, (DIAGNOSTIC_PAIRS,) + context.shape).reshape(-1, context.shape[-1])
+        weight = jnp.asarray(data.position_weight, jnp.float32)
+
+        def q(r):
+            return env.expected_reward(tiled, r.reshape(-1, n_slots)) @ weight
+
+        if k == n_slots:  # pairs sharing the whole ranking: CPC asks nothing
+            out["cpc_violation"], out["cpc_scale"] = 0.0, 0.0
+        elif f_hat is not None:
+            violation, scale = diagnostics.cpc_violation(
+                q(a), q(b), f_hat.predict(tiled, a.reshape(-1, n_slots)), f_hat.predict(tiled, b.reshape(-1, n_slots))
+            )
+            out["cpc_violation"], out["cpc_scale"] = float(violation), float(scale)
+    stage = getattr(policy, "pl_stage", None)
+    if k == 0:
+        out["ess_fraction"] = 1.0
+    elif stage is not None:
+        log_pi = stage.log_prob(data.context, data.ranking, where=data.item_mask)
+        log_w = diagnostics.log_prefix_weights(log_pi, data.log_pi0_prefix, stage.n_slots)
+        out["ess_fraction"] = float(diagnostics.ess_fraction(log_w))
+    return out
 
 
 def group_steps(sweep: OPLSweep, n_slots: int) -> int:

@@ -58,6 +58,12 @@ __all__ = [
 SELECTION_METHODS = ("rpod-ope", "rpod-oracle")  # R-POD with k chosen per cell
 GRID_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "methods", "ks", "reward_models", "oracle_noise")
 NOT_HASHED = ("output_dir",)  # the only key that cannot change a row
+# Keys added after configs were first hashed: left out of the resolved config at these
+# defaults, so the cells of a config that does not set them keep their hash.
+_LATER_KEYS = {"valid_fraction": 0.0, "policy_patience": None, "reward_patience": None, "diagnostics": False}
+# Tuple-valued keys that can still be an axis: each value a list of hidden sizes, written in
+# cell names and rows as text ("64x64"; "linear" for none).
+_HIDDEN_AXES = ("policy_hidden", "reward_hidden")
 # The grid keys that only choose which cells exist (a cell file records its own D, L, tau,
 # lambda, n, seed): growing them in an existing output_dir reuses the cells already there.
 CELL_KEYS = ("n_items", "ranking_length", "tau", "lam", "n", "seeds", "axes")
@@ -122,6 +128,10 @@ class OPLSweep:
     env_options: Any = None  # {name: value}: options of the simulator (its EnvironmentSpec.options)
     estimator_options: Any = None  # {method: {option: value}}: its estimator's inputs-hook options
     # (LearnerConfig.estimator_options), e.g. {aips: {behaviour: neighbour-1}}
+    valid_fraction: float = 0.0  # logged rounds held out of every fit to early-stop it (0: none)
+    policy_patience: int | None = None  # early stopping of the policies on the held-out estimate
+    reward_patience: int | None = None  # early stopping of f_hat on the held-out squared error
+    diagnostics: bool = False  # add R-POD's error sources to every row (DIAGNOSTIC_COLUMNS)
 
     def __post_init__(self) -> None:
         import_plugins(self.plugins)
@@ -205,17 +215,27 @@ class OPLSweep:
             raise ValueError(f"sigma must be finite and >= 0, got {self.sigma!r}")
         if not (math.isfinite(self.interaction_scale) and self.interaction_scale >= 0):
             raise ValueError(f"interaction_scale must be finite and >= 0, got {self.interaction_scale!r}")
+        if isinstance(self.valid_fraction, bool) or not (
+            isinstance(self.valid_fraction, (int, float)) and 0.0 <= self.valid_fraction < 1.0
+        ):
+            raise ValueError(f"valid_fraction must be a number in [0, 1), got {self.valid_fraction!r}")
         for prefix in ("policy", "reward"):
+            patience = getattr(self, f"{prefix}_patience")
+            if patience is not None and self.valid_fraction == 0:
+                raise ValueError(
+                    f"{prefix}_patience needs held-out rounds to stop on: set valid_fraction > 0 (e.g. 0.2)"
+                )
             try:
                 TrainConfig(
                     epochs=getattr(self, f"{prefix}_epochs"),
                     batch_size=self.batch_size,
                     learning_rate=getattr(self, f"{prefix}_learning_rate"),
                     devices=self.devices,
+                    patience=patience,
                 )
             except ValueError as err:  # "epochs must be ..." in the sweep's words
                 message = str(err)
-                for name in ("epochs", "learning_rate"):
+                for name in ("epochs", "learning_rate", "patience"):
                     message = message.replace(f"{name} must", f"{prefix}_{name} must", 1)
                 raise ValueError(message) from None
 
@@ -242,6 +262,8 @@ class OPLSweep:
                 raise ValueError(f"axes: {name!r} names a column of the results table; it cannot be an axis")
             if name in options:
                 pass  # a simulator option: its factory checks the values
+            elif name in _HIDDEN_AXES:
+                values = tuple(hidden_text(v, f"axes.{name}[{i}]") for i, v in enumerate(values))
             elif name in config_axis_names():
                 values = tuple(_coerce(f"axes.{name}[{i}]", v, hints[name]) for i, v in enumerate(values))
             else:
@@ -268,7 +290,34 @@ class OPLSweep:
         for name, values in self.axes or ():  # each value must make a valid config
             if name not in options:
                 for v in values:
-                    dataclasses.replace(self, axes=None, **{name: v})
+                    dataclasses.replace(self, axes=None, **{name: _axis_value(name, v)})
+
+
+def hidden_text(value: Any, what: str) -> str:
+    """Hidden sizes as an axis value's text: ``[64, 64]`` or ``"64x64"`` -> ``"64x64"``;
+    ``[]``, ``"linear"`` or ``""`` -> ``"linear"``."""
+    if isinstance(value, str):
+        parts = [] if value in ("", "linear") else value.split("x")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        raise ValueError(f"{what}: hidden sizes must be a list of ints or text like '64x64', got {value!r}")
+    try:
+        sizes = [int(p) for p in parts]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{what}: hidden sizes must be positive ints (e.g. [64, 64] or '64x64'), got {value!r}"
+        ) from None
+    if any(isinstance(p, bool) or size < 1 for p, size in zip(parts, sizes)):
+        raise ValueError(f"{what}: hidden sizes must be positive ints, got {value!r}")
+    return "x".join(str(size) for size in sizes) or "linear"
+
+
+def _axis_value(name: str, value: Any) -> Any:
+    """A config axis's value as the config key takes it (hidden sizes from their text)."""
+    if name in _HIDDEN_AXES:
+        return tuple(int(p) for p in value.split("x")) if value != "linear" else ()
+    return value
 
 
 def _estimator_options(value: Any, methods: tuple[str, ...]) -> tuple | None:
@@ -325,7 +374,9 @@ def config_axis_names() -> tuple[str, ...]:
     return tuple(
         f.name
         for f in dataclasses.fields(OPLSweep)
-        if f.name not in _NOT_AXES and f.name not in _PAPER_AXES and "tuple" not in str(hints[f.name])
+        if f.name not in _NOT_AXES
+        and f.name not in _PAPER_AXES
+        and ("tuple" not in str(hints[f.name]) or f.name in _HIDDEN_AXES)
     )
 
 
@@ -336,7 +387,7 @@ def row_axis_columns(sweep: OPLSweep) -> tuple[str, ...]:
 
 def cell_config(sweep: OPLSweep, cell: dict[str, Any]) -> OPLSweep:
     """The config a cell runs with: the sweep's, with the cell's value of every config axis."""
-    changes = {name: cell[name] for name, _ in sweep.axes or () if name in config_axis_names()}
+    changes = {name: _axis_value(name, cell[name]) for name, _ in sweep.axes or () if name in config_axis_names()}
     return dataclasses.replace(sweep, **changes) if changes else sweep
 
 
@@ -389,6 +440,9 @@ def resolved_config(sweep: OPLSweep) -> dict[str, Any]:
         out["estimator_options"] = {
             m: {k: list(v) if isinstance(v, tuple) else v for k, v in o} for m, o in sweep.estimator_options
         }
+    for name, default in _LATER_KEYS.items():
+        if name in out and out[name] == default:
+            out.pop(name)
     for name in row_axis_columns(sweep):
         out.pop(name, None)
     return out
