@@ -1,11 +1,15 @@
 """Where R-POD's claim holds: the regime map of ``experiments/configs/rpod_regime.yaml``.
 
-Reads a finished (or partly finished) sweep's ``results.csv`` and writes, beside it:
+Reads every finished cell of a sweep folder (``cells/*.json``: a sweep run in parts with
+``--set`` subsets of the grid leaves each part's rows there, while ``results.csv`` holds only
+the last part's) and writes, beside them:
 
+  rows.csv       every finished cell's rows (the table the others are computed from);
   regime.csv     one row per regime (D, tau, interaction_scale, f_hat class): the best k, the
                  margin of the best middle R-POD(k) over max(regression, DR) with its standard
-                 error, the measured causes (CPC violation of f_hat at k = 0 and k = 1, the ESS
-                 of the top-1 and full weights) and how R-POD with k chosen by OPE fared;
+                 error, the measured causes (CPC violation of f_hat at k = 0 and k = 1 as a
+                 share of E|Delta_q|, the ESS of the top-1 weights, of the best middle k's and
+                 of the full weights) and how R-POD with k chosen by OPE fared;
   by_k.csv       gain, CPC violation and ESS per regime and k (means and standard errors);
   phase.png      the phase diagram: one panel per (f_hat class, D), tau across, interaction
                  down, each square coloured by the margin and labelled with the best k;
@@ -19,7 +23,8 @@ gain); its standard error is that of the paired per-seed differences. Picking th
 k on the same seeds favours R-POD slightly (a winner's curse of up to L - 1 = 4 choices); a
 margin within about 2 standard errors of 0 is read as no difference. The OPE choice is
 ``rpod-ope``: its hit rate counts the seeds where it picked the seed's own best k (by true
-value), its regret is that best k's gain minus the chosen k's.
+value), its regret is that best k's gain minus the chosen k's. Regimes with fewer than two
+finished seeds (no standard error) are left out.
 
 Run: ``python -m experiments.rpod_regime experiments/results/rpod_regime``.
 """
@@ -31,7 +36,7 @@ import math
 import os
 from typing import Any
 
-__all__ = ["regime_tables", "write_regime_report", "main"]
+__all__ = ["load_cells", "regime_tables", "write_regime_report", "main"]
 
 _REGIME = ["D", "tau", "interaction_scale", "f_hat"]
 
@@ -76,8 +81,8 @@ def regime_tables(results: Any) -> tuple[Any, Any]:
     for regime, part in rpod.groupby(_REGIME):
         n_slots = int(part["L"].iloc[0])
         gains = part.pivot_table(index="seed", columns="k", values="normalized_gain")
-        if gains.isna().any().any() or gains.shape[1] != n_slots + 1:
-            continue  # a regime whose cells are not all done
+        if gains.isna().any().any() or gains.shape[1] != n_slots + 1 or len(gains) < 2:
+            continue  # a regime whose cells are not all done, or with one seed (no standard error)
         means = gains.mean()
         best_k = int(means.idxmax())
         middle = means.loc[1 : n_slots - 1]
@@ -92,7 +97,7 @@ def regime_tables(results: Any) -> tuple[Any, Any]:
         picked = [(s, int(chosen[s])) for s in gains.index if s in chosen and not pd.isna(chosen[s])]
         hits = [seed_best[s] == k for s, k in picked]
         regret = [gains.loc[s, seed_best[s]] - gains.loc[s, k] for s, k in picked]
-        row_of = {k: part[part["k"] == k] for k in (0, 1, n_slots)}
+        row_of = {k: part[part["k"] == k] for k in (0, 1, best_middle, n_slots)}
         out.append(
             {
                 **dict(zip(_REGIME, regime)),
@@ -109,6 +114,7 @@ def regime_tables(results: Any) -> tuple[Any, Any]:
                 "cpc_relative_k1": (row_of[1]["cpc_violation"] / row_of[1]["cpc_scale"]).mean(),
                 "ess_k1": row_of[1]["ess_fraction"].mean(),
                 "ess_kL": row_of[n_slots]["ess_fraction"].mean(),
+                "ess_best_middle": row_of[best_middle]["ess_fraction"].mean(),
                 "ope_hit_rate": sum(hits) / len(hits) if hits else math.nan,
                 "ope_regret": sum(regret) / len(regret) if regret else math.nan,
                 "ope_gain": ope["normalized_gain"].mean() if len(ope) else math.nan,
@@ -128,7 +134,7 @@ def _phase(regime: Any, path: str) -> None:
     scales = sorted(regime["interaction_scale"].unique())
     limit = max(0.02, float(np.nanmax(np.abs(regime["margin"]))))
     norm = TwoSlopeNorm(vmin=-limit, vcenter=0.0, vmax=limit)
-    fig = Figure(figsize=(3.2 * len(dims) + 1.2, 2.9 * len(classes)))
+    fig = Figure(figsize=(3.2 * len(dims) + 1.6, 2.6 * len(classes) + 0.6), layout="constrained")
     axes = fig.subplots(len(classes), len(dims), squeeze=False)
     image = None
     for i, cls in enumerate(classes):
@@ -151,18 +157,22 @@ def _phase(regime: Any, path: str) -> None:
                 ax.set_ylabel("interaction_scale")
     if image is not None:
         fig.colorbar(image, ax=axes, label="best middle R-POD(k) - max(regression, DR), normalised gain")
-    fig.suptitle("Where a middle k wins (blue; bold: margin > 2 SE); k* = best k by mean gain", fontsize=10)
+    fig.suptitle(
+        "Best middle R-POD(k) minus max(regression, DR): blue where a middle k wins (bold: > 2 SE)\n"
+        "k* = best k by mean gain; margin ± its standard error over seeds",
+        fontsize=9,
+    )
     fig.savefig(path, dpi=120)
 
 
 def _causes(regime: Any, path: str) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 3.6))
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     for ax, column, label in (
         (left, "cpc_relative_k0", "CPC violation of f_hat at k=0 (share of |Delta_q|)"),
-        (right, "ess_kL", "ESS / n of the full-ranking weights (k=L)"),
+        (right, "ess_best_middle", "ESS / n of the top-k weights at the best middle k"),
     ):
         for d, part in regime.groupby("D"):
             ax.errorbar(part[column], part["margin"], yerr=part["margin_se"], fmt="o", ms=4, label=f"D={d}", alpha=0.8)
@@ -171,7 +181,6 @@ def _causes(regime: Any, path: str) -> None:
         ax.set_ylabel("margin of the best middle k", fontsize=8)
     right.set_xscale("log")
     left.legend(fontsize=7)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
@@ -187,21 +196,41 @@ def _markdown(table: Any, digits: int = 3) -> str:
     return "\n".join(lines)
 
 
-def write_regime_report(output_dir: str) -> dict[str, str]:
-    """Read ``output_dir/results.csv`` and write the files of the module docstring; returns
-    ``{name: path}``."""
+def load_cells(output_dir: str) -> Any:
+    """Every finished cell's rows of the sweep folder ``output_dir`` as one pandas table; a
+    ValueError if there are none or the cells come from different configs."""
+    import glob
+    import json
+
     import pandas as pd
 
+    files = sorted(glob.glob(os.path.join(output_dir, "cells", "*.json")))
+    if not files:
+        raise ValueError(f"{output_dir}: no finished cells (cells/*.json)")
+    rows, hashes = [], set()
+    for path in files:
+        with open(path) as f:
+            cell = json.load(f)
+        hashes.add(cell["config_hash"])
+        rows.extend(cell["rows"])
+    if len(hashes) > 1:
+        raise ValueError(f"{output_dir}: cells of {len(hashes)} different configs; report one config's folder")
+    return pd.DataFrame(rows)
+
+
+def write_regime_report(output_dir: str) -> dict[str, str]:
+    """Read the finished cells of ``output_dir`` and write the files of the module docstring;
+    returns ``{name: path}``."""
     from opl_rank.io.atomic import atomic_write_text
 
-    results = pd.read_csv(os.path.join(output_dir, "results.csv"))
+    results = load_cells(output_dir)
     regime, by_k = regime_tables(results)
+    n_slots = int(results["L"].max())
     if regime.empty:
         raise ValueError(f"{output_dir}: no regime has every k of every seed done yet")
-    paths = {
-        name: os.path.join(output_dir, name)
-        for name in ("regime.csv", "by_k.csv", "phase.png", "causes.png", "report.md")
-    }
+    names = ("rows.csv", "regime.csv", "by_k.csv", "phase.png", "causes.png", "report.md")
+    paths = {name: os.path.join(output_dir, name) for name in names}
+    atomic_write_text(paths["rows.csv"], results.to_csv(index=False))
     atomic_write_text(paths["regime.csv"], regime.to_csv(index=False))
     atomic_write_text(paths["by_k.csv"], by_k.to_csv(index=False))
     _phase(regime, paths["phase.png"])
@@ -209,9 +238,25 @@ def write_regime_report(output_dir: str) -> dict[str, str]:
     shown = regime[
         _REGIME
         + ["seeds", "gain_regression", "gain_dr", "best_k", "gain_best_k", "best_middle_k", "margin", "margin_se"]
-        + ["cpc_relative_k0", "cpc_relative_k1", "ess_k1", "ess_kL", "ope_hit_rate", "ope_regret"]
+        + ["cpc_relative_k0", "cpc_relative_k1", "ess_k1", "ess_best_middle", "ess_kL", "ope_hit_rate", "ope_regret"]
     ]
     wins = regime[regime["middle_wins"]]
+    summary = (
+        regime.groupby(["D", "f_hat"])
+        .agg(
+            regimes=("margin", "size"),
+            middle_best=("best_k", lambda k: int(((k > 0) & (k < n_slots)).sum())),
+            middle_wins_2se=("middle_wins", "sum"),
+            margin_max=("margin", "max"),
+            margin_min=("margin", "min"),
+            cpc_relative_k0=("cpc_relative_k0", "mean"),
+            ess_k1=("ess_k1", "mean"),
+            ess_kL=("ess_kL", "mean"),
+            ope_hit_rate=("ope_hit_rate", "mean"),
+            ope_regret=("ope_regret", "mean"),
+        )
+        .reset_index()
+    )
     text = [
         "# R-POD regime map",
         "",
@@ -219,6 +264,13 @@ def write_regime_report(output_dir: str) -> dict[str, str]:
         f"A middle k beats max(regression, DR) by more than 2 SE in {len(wins)} of them.",
         f"R-POD with k chosen by OPE picks each seed's best k in {regime['ope_hit_rate'].mean():.0%} of seeds "
         f"(mean regret {regime['ope_regret'].mean():.3f} normalised gain).",
+        "",
+        "## Per D and f_hat class",
+        "",
+        "Over the (tau, interaction_scale) regimes: how many have a middle k best by mean gain,",
+        "how many by more than 2 SE over max(regression, DR), the margins' range, and the causes' means.",
+        "",
+        _markdown(summary),
         "",
         "## Per regime",
         "",
@@ -235,7 +287,7 @@ def write_regime_report(output_dir: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("output_dir", help="the sweep's output_dir (with results.csv)")
+    parser.add_argument("output_dir", help="the sweep's output_dir (with cells/)")
     args = parser.parse_args(argv)
     for name, path in write_regime_report(args.output_dir).items():
         print(f"wrote {name}: {path}")

@@ -169,9 +169,25 @@ def test_a_diagnosed_sweep_writes_the_causes_and_the_regime_report(tmp_path):
     assert "1 regimes" in text and "| 5 | 1 | 2 | additive-linear | 2 |" in text, text
     import pandas as pd
 
+    assert len(pd.read_csv(paths["rows.csv"])) == len(rows)
     regime = pd.read_csv(paths["regime.csv"]).iloc[0]
     gains = {k: np.mean([by[(s, "rpod", k)]["normalized_gain"] for s in (0, 1)]) for k in range(4)}
     assert regime["best_k"] == max(gains, key=gains.get)
     best_middle = max((1, 2), key=gains.get)
     base = 0 if gains[0] >= gains[3] else 3
     assert regime["margin"] == pytest.approx(gains[best_middle] - gains[base], abs=1e-9)
+
+
+def test_the_regime_report_reads_every_cell_of_one_config_only(tmp_path):
+    import json
+
+    from experiments.rpod_regime import load_cells
+
+    with pytest.raises(ValueError, match="no finished cells"):
+        load_cells(str(tmp_path))
+    (tmp_path / "cells").mkdir()
+    for name, digest in (("a", "1"), ("b", "2")):
+        cell = {"config_hash": digest, "rows": [{"method": "dr"}]}
+        (tmp_path / "cells" / f"{name}.json").write_text(json.dumps(cell))
+    with pytest.raises(ValueError, match="2 different configs"):
+        load_cells(str(tmp_path))
