@@ -1,7 +1,7 @@
 """MkDocs hooks: the repository's own Markdown pages (README, CHANGELOG, experiments/ and
 notebooks/ READMEs) and the files the docs link to outside docs/ become pages under
-``repo/``, and relative links are rewritten to them, so the pages read the same on the
-site and in the repository. A link to a file that does not exist is left as written, and
+``repo/`` (figures are copied there as they are), and relative links are rewritten to them,
+so the pages read the same on the site and in the repository. A link to a file that does not exist is left as written, and
 ``mkdocs build --strict`` fails on it."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from mkdocs.structure.files import File
 INCLUDED = ("README.md", "CHANGELOG.md", "experiments/README.md", "notebooks/README.md")
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 _FENCE = re.compile(r"^(```|~~~)", re.M)
+_IMAGES = (".png", ".jpg", ".jpeg", ".svg")
 
 
 def _repo(config) -> str:
@@ -62,6 +63,9 @@ def on_files(files, config):
         if path in seen:
             continue
         seen.add(path)
+        if path.endswith(_IMAGES):  # a figure: copied as it is
+            files.append(File.generated(config, _site_uri(path), abs_src_path=os.path.join(repo, path)))
+            continue
         with open(os.path.join(repo, path), encoding="utf-8") as fh:
             text = fh.read()
         if path.endswith(".md"):
@@ -91,7 +95,7 @@ def on_page_markdown(markdown, page, config, files):
             resolved = os.path.join(resolved, "README.md")
         elif not os.path.isfile(full):
             return match.group(0)  # broken: --strict reports it
-        uri = _site_uri(resolved) + ("" if resolved.endswith(".md") else ".md")
+        uri = _site_uri(resolved) + ("" if resolved.endswith((".md",) + _IMAGES) else ".md")
         new = os.path.relpath(uri, os.path.dirname(page.file.src_uri) or ".")
         return f"{match.group(1)}{new}{match.group(3) or ''}{match.group(4)}"
 
