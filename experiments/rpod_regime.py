@@ -5,7 +5,7 @@ Reads every finished cell of a sweep folder (``cells/*.json``: a sweep run in pa
 the last part's) and writes, beside them:
 
   rows.csv       every finished cell's rows (the table the others are computed from);
-  regime.csv     one row per regime (D, tau, interaction_scale, f_hat class): the best k, the
+  regime.csv     one row per regime (D, n, tau, interaction_scale, f_hat class): the best k, the
                  margin of the best middle R-POD(k) over max(regression, DR) with its standard
                  error, the measured causes (CPC violation of f_hat at k = 0 and k = 1 as a
                  share of E|Delta_q|, the ESS of the top-1 weights, of the best middle k's and
@@ -38,7 +38,7 @@ from typing import Any
 
 __all__ = ["load_cells", "regime_tables", "write_regime_report", "main"]
 
-_REGIME = ["D", "tau", "interaction_scale", "f_hat"]
+_REGIME = ["D", "n", "tau", "interaction_scale", "f_hat"]  # n: a sweep may grow its n list
 
 
 def _f_hat_class(row: Any) -> str:
@@ -129,7 +129,7 @@ def _phase(regime: Any, path: str) -> None:
     from matplotlib.figure import Figure
 
     classes = sorted(regime["f_hat"].unique())
-    dims = sorted(regime["D"].unique())
+    dims = sorted({(int(d), int(n)) for d, n in zip(regime["D"], regime["n"])})  # a panel per (D, n)
     taus = sorted(regime["tau"].unique())
     scales = sorted(regime["interaction_scale"].unique())
     limit = max(0.02, float(np.nanmax(np.abs(regime["margin"]))))
@@ -138,10 +138,10 @@ def _phase(regime: Any, path: str) -> None:
     axes = fig.subplots(len(classes), len(dims), squeeze=False)
     image = None
     for i, cls in enumerate(classes):
-        for j, d in enumerate(dims):
+        for j, (d, n) in enumerate(dims):
             ax = axes[i][j]
             grid = np.full((len(scales), len(taus)), np.nan)
-            part = regime[(regime["f_hat"] == cls) & (regime["D"] == d)]
+            part = regime[(regime["f_hat"] == cls) & (regime["D"] == d) & (regime["n"] == n)]
             for _, r in part.iterrows():
                 y, x = scales.index(r["interaction_scale"]), taus.index(r["tau"])
                 grid[y, x] = r["margin"]
@@ -150,7 +150,7 @@ def _phase(regime: Any, path: str) -> None:
             image = ax.imshow(grid, cmap="RdBu", norm=norm, origin="lower", aspect="auto")
             ax.set_xticks(range(len(taus)), [f"{t:g}" for t in taus])
             ax.set_yticks(range(len(scales)), [f"{s:g}" for s in scales])
-            ax.set_title(f"{cls}, D={d}", fontsize=9)
+            ax.set_title(f"{cls}, D={d}" + (f", n={n}" if regime["n"].nunique() > 1 else ""), fontsize=9)
             if i == len(classes) - 1:
                 ax.set_xlabel("tau (logging temperature)")
             if j == 0:
@@ -242,7 +242,7 @@ def write_regime_report(output_dir: str) -> dict[str, str]:
     ]
     wins = regime[regime["middle_wins"]]
     summary = (
-        regime.groupby(["D", "f_hat"])
+        regime.groupby(["D", "n", "f_hat"])
         .agg(
             regimes=("margin", "size"),
             middle_best=("best_k", lambda k: int(((k > 0) & (k < n_slots)).sum())),
@@ -267,7 +267,7 @@ def write_regime_report(output_dir: str) -> dict[str, str]:
         "",
         "## Per D and f_hat class",
         "",
-        "Over the (tau, interaction_scale) regimes: how many have a middle k best by mean gain,",
+        "Over the (tau, interaction_scale) regimes of each (D, n, f_hat): how many have a middle k best by mean gain,",
         "how many by more than 2 SE over max(regression, DR), the margins' range, and the causes' means.",
         "",
         _markdown(summary),

@@ -166,7 +166,7 @@ def test_a_diagnosed_sweep_writes_the_causes_and_the_regime_report(tmp_path):
         assert chosen["ess_fraction"] == by[(seed, "rpod", chosen["k_selected"])]["ess_fraction"]
     paths = write_regime_report(str(out))
     text = open(paths["report.md"]).read()
-    assert "1 regimes" in text and "| 5 | 1 | 2 | additive-linear | 2 |" in text, text
+    assert "1 regimes" in text and "| 5 | 400 | 1 | 2 | additive-linear | 2 |" in text, text
     import pandas as pd
 
     assert len(pd.read_csv(paths["rows.csv"])) == len(rows)
