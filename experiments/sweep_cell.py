@@ -196,12 +196,16 @@ def run_group(
 
     done: dict[tuple[str, int | None, str], tuple[list[Any], float, list[dict[str, float]]]] = {}
 
-    def values_of(method, k, kind):
-        """([true value per seed], seconds per seed, [diagnostics per seed]) of one fit, cached;
-        R-POD at k = 0 / k = L reuses the regression / DR fit (the same estimator, fitted with
-        the same key)."""
+    def fit_key(method, k, kind):
+        """The fit a row reads: R-POD at k = 0 / k = L is the regression / DR fit (the same
+        estimator, fitted with the same key)."""
         alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
-        key = alias if alias is not None else (method, k, kind)
+        return alias if alias is not None else (method, k, kind)
+
+    def values_of(method, k, kind):
+        """([true value per seed], seconds per seed) of one fit (`fit_key`), cached
+        in ``done`` with its diagnostics per seed."""
+        key = fit_key(method, k, kind)
         if key not in done:
             reward_params, reward_seconds = shared_reward(*key)
             start = time.perf_counter()
@@ -244,8 +248,7 @@ def run_group(
         if selected and k is None:  # a selection row that chose no k
             return dict.fromkeys(DIAGNOSTIC_COLUMNS, math.nan)
         values_of(method, k, kind)
-        alias = {0: ("regression", None, kind), n_slots: ("dr", None, kind)}.get(k) if method == "rpod" else None
-        return done[alias if alias is not None else (method, k, kind)][2][s]
+        return done[fit_key(method, k, kind)][2][s]
 
     rows: list[list[dict[str, Any]]] = [[] for _ in group]
     candidates = candidate_ks(sweep, n_slots)
