@@ -14,5 +14,5 @@ case "${1:-}" in
   --all) select=(); shift ;;
 esac
 [ "${OPL_RANK_SKIP_SETUP:-}" = 1 ] || bash scripts/setup.sh --test
-exec .venv/bin/python -m pytest -q -n "${OPL_RANK_TEST_WORKERS:-2}" --doctest-modules opl_rank simulators tests \
+exec .venv/bin/python -m pytest -q -n "${OPL_RANK_TEST_WORKERS:-2}" --dist worksteal --doctest-modules opl_rank simulators tests \
   ${select[@]+"${select[@]}"} "$@"

@@ -10,15 +10,27 @@ XLA's CPU backend compiles at LLVM optimisation level 0 in tests (unless ``XLA_F
 sets ``--xla_backend_optimization_level``): most of the suite's time is compiling small
 programs that then run once, and level 0 cut the 30 slowest tests from 15.7 to 12.1 min with
 the golden sweep's rows within 1.6e-6 of the committed ones (docs/performance.md §18).
-``XLA_FLAGS=--xla_backend_optimization_level=3 bash scripts/test.sh`` tests the users' code
-generation. Set here, before JAX starts its backend; subprocesses inherit it.
+Two more flags cut XLA's own passes, not only LLVM's: the classic loop emitters instead of
+the fusion emitters (which lower every fusion through MLIR) and one code-generation module
+per program instead of a split; on three compile-bound tests they took 47 s to 30 s
+(docs/performance.md §18). Setting all three in ``XLA_FLAGS`` (e.g.
+``--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=true`` and the split
+count XLA uses by default) tests the users' code generation. Set here, before JAX starts its backend;
+subprocesses inherit it.
 """
 
 import os
 from pathlib import Path
 
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# Each is added unless XLA_FLAGS already names it (so a run can test the users' defaults).
+_TEST_COMPILE_FLAGS = {
+    "xla_backend_optimization_level": "0",
+    "xla_cpu_use_fusion_emitters": "false",
+    "xla_cpu_parallel_codegen_split_count": "1",
+}
+for _flag, _value in _TEST_COMPILE_FLAGS.items():
+    if _flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --{_flag}={_value}").strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "bench_scale.py"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_quick_run_reports_every_figure():
     proc = subprocess.run(

@@ -224,6 +224,7 @@ def test_loading_errors_name_the_file(tmp_path):
 # -- the command line end to end -------------------------------------------------------
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_fit_evaluate_rank_end_to_end(logs, tmp_path, capsys):
     from experiments.byo_logs import format_evaluation

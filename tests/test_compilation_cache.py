@@ -47,6 +47,7 @@ def _hits(cache_dir: Path) -> int:
     return json.loads(proc.stdout.strip().splitlines()[-1])["hits"]
 
 
+@pytest.mark.extended
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     assert _hits(tmp_path) == 0  # cold: compiled and written
     assert any(tmp_path.iterdir())
@@ -72,6 +73,7 @@ def test_bad_arguments_name_themselves(tmp_path):
         enable_compilation_cache(tmp_path, min_compile_seconds=-1.0)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("setting", ["dir", "off"])
 def test_the_cli_uses_the_cache_unless_turned_off(tmp_path, setting):
     cache = tmp_path / "cache"
@@ -120,6 +122,7 @@ print(json.dumps({**counts, "epochs": epochs}))
 """
 
 
+@pytest.mark.extended
 def test_a_fit_with_progress_is_loaded_whole_from_the_cache(tmp_path):
     """Progress is reported between compiled chunks, not by host callbacks inside them, so a
     second process finds every program of a watched fit in the persistent cache."""

@@ -99,6 +99,7 @@ def two_devices():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("method", ["ips", "rpod"])
 @pytest.mark.slow
 def test_two_devices_learn_the_single_device_policy(two_devices, method):
@@ -109,11 +110,13 @@ def test_two_devices_learn_the_single_device_policy(two_devices, method):
     assert result["values_one"] == pytest.approx(result["values_two"], rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_vmapped_seeds_on_two_devices(two_devices):
     assert two_devices["fit_seeds_max_abs_diff"] < 1e-4
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_batches_are_split_over_the_devices(two_devices):
     assert 8 in two_devices["per_device_batch"] and 16 not in two_devices["per_device_batch"]
@@ -121,6 +124,7 @@ def test_batches_are_split_over_the_devices(two_devices):
     assert two_devices["mesh_size"] == 2
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_batch_not_divisible_by_the_devices_is_an_error(two_devices):
     message = two_devices["odd_batch_error"]

@@ -144,7 +144,15 @@ def _race_marginal_float64(logits, item, slot, n_slots):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n_items,n_slots,scale", [(40, 6, 1.0), (120, 10, 1.0), (70, 5, 10.0)])
+@pytest.mark.parametrize(
+    "n_items,n_slots,scale",
+    [
+        (40, 6, 1.0),
+        # the larger grids take 20-30 s each: with the scale checks in the extended set
+        pytest.param(120, 10, 1.0, marks=pytest.mark.extended),
+        pytest.param(70, 5, 10.0, marks=pytest.mark.extended),
+    ],
+)
 def test_shared_grid_slot_marginals_equal_a_float64_oracle(key, n_items, n_slots, scale):
     """Above 32 items the logged items share one quadrature grid (the items outside the
     ranking: recursion for the largest, moments beyond); at scale 10 the logits spread too

@@ -22,6 +22,7 @@ def _beats(env, policy, key=3, n=5000):
     return v.value > v0.value + 4 * math.hypot(v.stderr, v0.stderr)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_ips_at_d1000_l10_moves_every_parameter_and_beats_the_logging_policy():
     env = SyntheticRankingEnv.create(make_key(0), n_items=1000, ranking_length=10)

@@ -32,6 +32,7 @@ TINY = [
 CONFIG = "experiments/configs/synthetic_opl_small.yaml"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_sweep_writes_tidy_rows_and_resumes(tmp_path, capsys):
     out = tmp_path / "sweep"
@@ -285,6 +286,7 @@ def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
     assert {r["V"] for r in tables["true"] if r["seed"] == "0"} != {r["V"] for r in tables["true"] if r["seed"] == "1"}
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
     yahoo = "experiments/configs/semi_synthetic_yahoo.yaml"

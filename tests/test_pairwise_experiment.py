@@ -111,6 +111,7 @@ def test_early_stopping_keeps_the_best_validation_epoch():
     assert len(no_valid.history) == config.epochs and "valid_loss" not in no_valid.history[0]
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_pairwise_command_writes_tables_and_resumes(tmp_path, capsys):
     out = tmp_path / "pw"

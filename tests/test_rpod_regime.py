@@ -135,6 +135,7 @@ def test_config_keys_for_early_stopping_diagnostics_and_the_f_hat_class():
         OPLSweep(**TINY, axes={"reward_hidden": ["0x4"]})
 
 
+@pytest.mark.extended
 def test_a_diagnosed_sweep_writes_the_causes_and_the_regime_report(tmp_path):
     """Every row carries the CPC violation and the ESS: 0 violation and the full weights'
     ESS at k = L (DR's), ESS 1 at k = 0 (regression's), a selection row those of its k; the

@@ -235,7 +235,9 @@ def sample_prefixes(
             tail_ok &= tail_pick != e
         # The first unplaced head item: the fallback for a tail draw that rounding pushed
         # past the end, and the padding item once every valid item is placed.
-        first_left = jnp.argmax(head_left, axis=-1)
+        # At slot 0 every head item is left: the argmax of that all-True constant would be
+        # folded by XLA at compile time (20 s at [2000, 100, 4]), so it is written out.
+        first_left = jnp.zeros(shape, jnp.int32) if slot == 0 else jnp.argmax(head_left, axis=-1)
         first_left_item = jnp.sum(jnp.where(slot_ids == first_left[..., None], head[None], 0), axis=-1)
         head_choice = jnp.sum(jnp.where(slot_ids == category[..., None], head[None], 0), axis=-1)
         from_tail = (category == n_slots) & tail_ok
