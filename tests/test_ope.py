@@ -131,6 +131,38 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
         select_k(data, make_key(0), config, ks=(0, 7))
 
 
+@pytest.mark.slow
+def test_select_k_fits_f_hat_once_and_matches_separate_fits(setting, monkeypatch):
+    """The candidates share one f_hat fit (not one per k) and are bit for bit the policies
+    that separate fits on the same training split return."""
+    from opl_rank.data import train_val_split
+    from opl_rank.opl import learners
+    from opl_rank.opl.learners import LearnerConfig, fit
+    from opl_rank.opl.select_k import select_k
+
+    _, data, _, _, _ = setting
+    data = data.take(np.arange(600))
+    fast = TrainConfig(epochs=2, batch_size=256, learning_rate=5e-2)
+    config = LearnerConfig("rpod", k=0, reward_model="pairwise", train=fast, reward_train=fast)
+    reward_fits = []
+    train_reward = learners._train_reward
+    monkeypatch.setattr(learners, "_train_reward", lambda *a: reward_fits.append(1) or train_reward(*a))
+    chosen = select_k(data, make_key(4), config, ks=(0, 1, 2), estimator="ips")
+    assert len(reward_fits) == 1  # one f_hat for the three candidates (each fit used to fit its own)
+    k_split, _, k_fit, _ = jax.random.split(make_key(4), 4)
+    train, _ = train_val_split(data, k_split, 0.3)
+    for k in (0, 1, 2):
+        alone = fit(train, k_fit, dataclasses.replace(config, k=k))
+        shared_leaves = jax.tree.leaves(chosen.policies[k].reward_model.params)
+        alone_leaves = jax.tree.leaves(alone.reward_model.params)
+        if k > 0:
+            shared_leaves += jax.tree.leaves(chosen.policies[k].pl_stage.params)
+            alone_leaves += jax.tree.leaves(alone.pl_stage.params)
+        for a, b in zip(shared_leaves, alone_leaves, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert len(reward_fits) == 4  # the separate fits each fitted one
+
+
 # ------------------------------------------------------------- degenerate-weights warning
 
 

@@ -5,6 +5,10 @@ candidate k on the training part, estimates each fitted policy's value on the ho
 part with one OPE estimator ([`opl_rank.opl.ope`][opl_rank.opl.ope]), and returns the k with the highest
 estimate together with the whole table. The estimator's reward model (for dm, dr, topk)
 is fitted on the training part, with the learner's reward-model kind.
+
+Every candidate's fit would fit the same f_hat (same rows, key and settings), so a one-step
+f_hat is fitted once and shared ([`opl_rank.opl.learners.fit_reward`][opl_rank.opl.learners.fit_reward]):
+the candidates are bit for bit what separate fits return, with one reward fit instead of one per k.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import jax
 from opl_rank.data import LoggedData, train_val_split
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl import ope
-from opl_rank.opl.learners import LearnerConfig, fit
+from opl_rank.opl.learners import LearnerConfig, fit, fit_reward, shares_reward_model
 from opl_rank.opl.reward_models import base_kind, fit_reward_model
 
 __all__ = ["KSelection", "select_k"]
@@ -80,10 +84,12 @@ def select_k(
         options = config.reward_model_options()  # the estimator's f_hat: one for every candidate k
         options["kind"] = base_kind(options["kind"])
         reward_model = fit_reward_model(train, k_model, **options)
+    # the learners' f_hat, fitted once for every candidate k (two-step kinds depend on k: per k)
+    shared = fit_reward(train, k_fit, config) if shares_reward_model(config) else None
     table: list[dict[str, Any]] = []
     policies: dict[int, Any] = {}
     for k in ks:
-        policy = fit(train, k_fit, dataclasses.replace(config, k=k))
+        policy = fit(train, k_fit, dataclasses.replace(config, k=k), reward_params=shared)
         result = ope.evaluate(
             policy,
             holdout,
