@@ -172,7 +172,8 @@ def test_select_k_never_picks_a_candidate_that_is_not_estimable(setting, monkeyp
             }
         return {name: ope.OPEResult(name, value, 0.1, value - 0.2, value + 0.2, "normal", 10, 10.0, 1.0)}
 
-    monkeypatch.setattr(sk, "fit", lambda train, key, config: config.k)
+    monkeypatch.setattr(sk, "fit_reward", lambda train, key, config: None)  # the shared f_hat: not needed here
+    monkeypatch.setattr(sk, "fit", lambda train, key, config, reward_params=None: config.k)
     monkeypatch.setattr(ope, "evaluate", fake_evaluate)
     config = LearnerConfig("rpod", k=0)
     chosen = sk.select_k(data, make_key(0), config, ks=(0, 1), estimator="ips")
