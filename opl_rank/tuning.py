@@ -16,6 +16,13 @@ POLICY_CHUNK_FLOATS = 2**24
 COMPLETION_ORDER_ROWS = 2**14
 #: rows per chunk of the learners' weight-clipping check (``[rows, D]`` logits; opl.learners).
 CLIP_CHECK_ROWS = 2**16
+#: R-POD with a pairwise f_hat completes every possible top-k prefix of every row once,
+#: before the policy's epochs, when that table (``[n, D!/(D-k)!]`` floats) has at most this
+#: many entries and costs at most half the completions the epochs would run (opl.learners;
+#: docs/performance.md §20). 0: complete the sampled prefixes in every step.
+PREFIX_TABLE_FLOATS = 2**26
+#: floats of completion intermediates per chunk of rows while the prefix table is built.
+PREFIX_TABLE_CHUNK_FLOATS = 2**23
 
 # --- training: how often the host hears from a run -----------------------------------
 

@@ -268,6 +268,47 @@ def test_precomputed_completion_orders_change_nothing():
     assert not _plan(data, dataclasses.replace(config, reward_model="pairwise")).completion_order
 
 
+@pytest.mark.parametrize(("k", "mask"), [(1, False), (2, True)])
+def test_pairwise_prefix_table_changes_nothing(k, mask):
+    """Two-stage R-POD with a pairwise f_hat reads every possible top-k prefix's completed
+    value from a per-row table built once (k = 1: beam completions of 9!/5! tails; k = 2:
+    exact ones), instead of completing the sampled prefixes in every step: the same fit up
+    to float reassociation, held-out losses included; the table is skipped where it would
+    cost more than the epochs' completions."""
+    from opl_rank.opl.learners import _plan, fit_arrays
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=10, ranking_length=5, lam=1.0)
+    data = env.sample_logged_data(make_key(1), 600)
+    if mask:  # each row's two lowest unranked items excluded: they never complete a prefix
+        shown = np.zeros((600, 10), bool)
+        np.put_along_axis(shown, np.asarray(data.ranking), True, axis=1)
+        excluded = np.argsort(shown, axis=1, kind="stable")[:, :2]
+        item_mask = np.ones((600, 10), bool)
+        np.put_along_axis(item_mask, excluded, False, axis=1)
+        data = data.replace(item_mask=jnp.asarray(item_mask))
+    config = LearnerConfig(
+        "rpod",
+        k=k,
+        reward_model="pairwise",
+        n_samples=4,
+        train=TrainConfig(epochs=30, batch_size=128),
+        reward_train=TrainConfig(epochs=2, batch_size=128),
+        valid_fraction=0.2,
+    )
+    plan = _plan(data, config)
+    assert plan.prefix_table and not plan.completion_order
+    table = fit_arrays(plan, data, make_key(2))["policy"]
+    per_step = fit_arrays(plan._replace(prefix_table=False), data, make_key(2))["policy"]
+    for a, b in zip(jax.tree.leaves(table.params), jax.tree.leaves(per_step.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(table.history["valid_loss"], per_step.history["valid_loss"], rtol=1e-5)
+    # P = 10!/7! = 720 prefixes against 4 samples x 30 epochs per row: not worth a table
+    assert not _plan(data, dataclasses.replace(config, k=3)).prefix_table
+    # early stopping counts 4 x patience epochs: 90 prefixes > 4 x 4 x 5
+    short = dataclasses.replace(config, train=TrainConfig(epochs=30, batch_size=128, patience=5))
+    assert _plan(data, short).prefix_table == (k == 1)
+
+
 @pytest.mark.parametrize("steps", [1, 40])
 def test_training_in_chunks_of_epochs_changes_no_bit(setting, monkeypatch, steps):
     """The policy's epochs run as one compiled scan by default and as chunks of epochs (the

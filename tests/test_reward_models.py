@@ -1,6 +1,7 @@
 """Reward models: least-squares fits recover the truth; completions are exact argmaxes."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +95,30 @@ def test_exhaustive_beam_search_is_the_exact_argmax(fitted, k):
     narrow = np.asarray(dataclasses.replace(exact, max_enumerated=0, beam_width=3).complete(x, prefixes))
     assert all(len(set(row)) == 3 for row in narrow.tolist())
     np.testing.assert_array_equal(narrow[:, :k], np.asarray(prefixes))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_prefix_table_reads_each_prefix_best_completion(fitted, k):
+    """R-POD's prefix table (opl.learners, pairwise f_hat): f_hat at the completion of every
+    prefix of prefix_layout, read back for sampled prefixes [N, n, k], is the best value over
+    every ranking that starts with that prefix (enumeration of all 6!/3! rankings)."""
+    from opl_rank.opl import completion
+
+    _, models, x = fitted
+    model = models["pairwise"]
+    layout, column = completion.prefix_layout(6, k)
+    assert layout.shape == (math.perm(6, k), k) and len({tuple(p) for p in layout.tolist()}) == len(layout)
+    np.testing.assert_array_equal(column[layout @ (6 ** np.arange(k - 1, -1, -1))], np.arange(len(layout)))
+    all_prefixes = jnp.broadcast_to(jnp.asarray(layout)[:, None, :], (len(layout), x.shape[0], k))
+    table = model.predict(x, model.complete(x, all_prefixes)).T  # [n, P]
+    prefixes = pl.sample_rankings(make_key(14), jnp.zeros((x.shape[0], 6)), k, n_samples=4)  # [4, n, k]
+    read = completion.prefix_table_values(table, prefixes, 6)
+    assert read.shape == (4, x.shape[0])
+    everything = jnp.asarray(pl.all_rankings(6, 3))
+    values = jax.vmap(lambda r: model.predict(x, jnp.broadcast_to(r, (x.shape[0], 3))))(everything)  # [120, n]
+    consistent = jnp.all(everything[:, None, None, :k] == prefixes[None], axis=-1)  # [120, 4, n]
+    best = jnp.max(jnp.where(consistent, values[:, None, :], -jnp.inf), axis=0)
+    np.testing.assert_allclose(np.asarray(read), np.asarray(best), atol=1e-4)
 
 
 @pytest.mark.slow

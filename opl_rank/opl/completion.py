@@ -34,6 +34,8 @@ __all__ = [
     "best_rankings_beam",
     "one_hot_sum",
     "zero_diagonal",
+    "prefix_layout",
+    "prefix_table_values",
 ]
 
 
@@ -232,3 +234,31 @@ def complete(
     else:
         tails, method = complete_beam(g, v, alpha, prefixes, beam_width), "beam"
     return jnp.concatenate([prefixes, tails.astype(prefixes.dtype)], axis=-1), method
+
+
+@functools.lru_cache(maxsize=64)
+def prefix_layout(n_items: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every prefix of ``k`` distinct items, and each one's column in a per-row table.
+
+    Returns:
+      ``(prefixes, column)``: int32 ``[P, k]`` with ``P = D!/(D-k)!`` (lexicographic order),
+      and int32 ``[D^k]``: the column of the prefix whose base-``D`` digits are ``a_1..a_k``
+      (0 for a tuple that repeats an item, which a PL policy never samples).
+    """
+    prefixes = np.array(list(itertools.permutations(range(n_items), k)), np.int32).reshape(-1, k)
+    column = np.zeros(n_items**k, np.int32)
+    column[prefixes @ (n_items ** np.arange(k - 1, -1, -1))] = np.arange(len(prefixes), dtype=np.int32)
+    return prefixes, column
+
+
+def prefix_table_values(table: jax.Array, prefixes: jax.Array, n_items: int) -> jax.Array:
+    """Per-row values of prefixes, read from a table: ``[n, P], int [.., n, k] -> [.., n]``.
+
+    ``table[i, p]`` belongs to row ``i`` and the ``p``-th prefix of [`prefix_layout`][prefix_layout].
+    """
+    k = prefixes.shape[-1]
+    digits = jnp.asarray(n_items ** np.arange(k - 1, -1, -1), prefixes.dtype).reshape((1,) * (prefixes.ndim - 1) + (k,))
+    columns = jnp.asarray(prefix_layout(n_items, k)[1])[jnp.sum(prefixes * digits, axis=-1)]  # [.., n]
+    n = columns.shape[-1]
+    flat = columns.reshape(-1, n).T  # [n, S]: rows first, as the table
+    return jnp.take_along_axis(table, flat, axis=1).T.reshape(columns.shape)

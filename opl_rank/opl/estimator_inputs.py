@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
+from opl_rank.opl import completion
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import Estimator, ModelTerms, Propensities, Terms
 
@@ -144,9 +145,11 @@ def model_terms(request: InputRequest) -> ModelTerms:
             where=batch.item_mask,
         )
     else:
-        order = request.extras.get("completion_order")
+        order, table = request.extras.get("completion_order"), request.extras.get("prefix_values")
 
         def value_fn(prefixes):
+            if table is not None:  # every prefix's completed value, computed once per fit
+                return completion.prefix_table_values(table, prefixes, batch.n_items)
             completed = reward_model.complete(batch.context, prefixes, where=batch.item_mask, order=order)
             return reward_model.predict(batch.context, completed)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData, train_val_split
+from opl_rank.opl import completion
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms
 from opl_rank.opl.estimators import estimate
@@ -297,6 +299,25 @@ class _Plan(NamedTuple):
     # Two-stage R-POD with an additive f_hat: each row's completion order (g's top L) is
     # computed once before the policy's epochs, not in every step (docs/performance.md §13).
     completion_order: bool = False
+    # Two-stage R-POD with a pairwise f_hat, when it is cheaper: f_hat's value of every
+    # possible top-k prefix's best completion, per row, computed once (``prefix_values``).
+    prefix_table: bool = False
+
+
+def _uses_prefix_table(data: LoggedData, config: LearnerConfig, k: int) -> bool:
+    """Whether a pairwise R-POD fit completes all ``P = D!/(D-k)!`` prefixes per row once
+    instead of ``n_samples`` sampled ones per row in every epoch: when ``P`` is at most the
+    completions the epochs would run (an early-stopped run counted at ``4 * patience``
+    epochs) and the ``[n, P]`` table fits ``tuning.PREFIX_TABLE_FLOATS``. A table's
+    completion costs about 0.6 of one inside a step (docs/performance.md §20)."""
+    n_prefixes = math.perm(data.n_items, k)
+    train = config.train
+    epochs = train.epochs if train.patience is None else min(train.epochs, 4 * train.patience)
+    return (
+        data.n_items**k <= 2**16
+        and n_prefixes * data.n_rounds <= tuning.PREFIX_TABLE_FLOATS
+        and n_prefixes <= config.n_samples * epochs
+    )
 
 
 def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
@@ -325,8 +346,10 @@ def _plan(data: LoggedData, config: LearnerConfig) -> _Plan:
         if chosen != "exact":
             default = 2 if chosen == "insertion" else config.n_samples
             samples = default if config.slot_marginal_samples is None else config.slot_marginal_samples
-    completion_order = module is not None and 0 < k < n_slots and base_kind(config.reward_model) == "additive"
-    return _Plan(config, estimator, k, n_slots, module, policy_module, samples, completion_order)
+    two_stage = module is not None and 0 < k < n_slots
+    completion_order = two_stage and base_kind(config.reward_model) == "additive"
+    prefix_table = two_stage and not completion_order and _uses_prefix_table(data, config, k)
+    return _Plan(config, estimator, k, n_slots, module, policy_module, samples, completion_order, prefix_table)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -537,15 +560,19 @@ def _policy_loop(plan: _Plan, n_rows: int) -> EpochLoop:
 def _policy_start(plan: _Plan, loop: EpochLoop) -> Callable:
     """``(rows, valid, reward_params, k_init, k_fit) -> (rows, valid, state)``: the rows the
     policy trains on (with the completion orders of a two-stage R-POD with an additive
-    f_hat, computed once here) and its initial training state."""
+    f_hat, or its prefix table with a pairwise one, computed once here) and its initial
+    training state."""
 
     def start(data: LoggedData, valid: LoggedData | None, reward_params: Any, k_init: jax.Array, k_fit: jax.Array):
         rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] = data
         valid_rows: LoggedData | tuple[LoggedData, dict[str, jax.Array]] | None = valid
-        if plan.completion_order:
-            rows = (data, {"completion_order": _completion_orders(plan, reward_params, data)})
+        extras = {"completion_order": _completion_orders} if plan.completion_order else {}
+        if plan.prefix_table:
+            extras = {"prefix_values": _prefix_values}
+        for name, compute in extras.items():
+            rows = (data, {name: compute(plan, reward_params, data)})
             if valid is not None:
-                valid_rows = (valid, {"completion_order": _completion_orders(plan, reward_params, valid)})
+                valid_rows = (valid, {name: compute(plan, reward_params, valid)})
         state = loop.init(plan.policy_module.init(k_init, data.context[:1]), k_fit)
         return pack(rows), pack(valid_rows), state
 
@@ -560,6 +587,26 @@ def _completion_orders(plan: _Plan, reward_params: Any, data: LoggedData) -> jax
         lambda r: reward_model.completion_order(r["context"], where=r["item_mask"]),
         rows,
         batch_size=min(tuning.COMPLETION_ORDER_ROWS, data.n_rounds),
+    )
+
+
+def _prefix_values(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Array:
+    """float32 ``[n, P]``: f_hat at the best completion of each of the ``P`` top-k prefixes
+    of [`prefix_layout`][opl_rank.opl.completion.prefix_layout], for every row."""
+    reward_model = _reward_model(plan, reward_params, data.position_weight)
+    prefixes = jnp.asarray(completion.prefix_layout(data.n_items, plan.k)[0])[:, None, :]  # [P, 1, k]
+
+    def row_values(row):  # one row: [P] values
+        context = row["context"][None]
+        where = None if row["item_mask"] is None else row["item_mask"][None]
+        completed = reward_model.complete(context, prefixes, where=where)  # [P, 1, L]
+        return reward_model.predict(context, completed)[:, 0]
+
+    n_tails = math.perm(data.n_items - plan.k, plan.n_slots - plan.k)
+    per_row = prefixes.shape[0] * min(n_tails, reward_model.max_enumerated) * data.n_items
+    rows = {"context": data.context, "item_mask": data.item_mask}
+    return jax.lax.map(
+        row_values, rows, batch_size=max(1, min(data.n_rounds, tuning.PREFIX_TABLE_CHUNK_FLOATS // per_row))
     )
 
 
