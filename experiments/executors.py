@@ -106,24 +106,9 @@ def run_jobs(
         _run_on_ray(fn, jobs, on_result, workers, compilation_cache, ray_address)
         return
     n_workers = min(workers or os.cpu_count() or 1, len(jobs))
-    from opl_rank import tuning  # here, not at the top: a spawned worker imports JAX only after its XLA flags are set
-
-    # Fresh workers after tuning.SWEEP_CELLS_PER_WORKER jobs each: the code of every program a
-    # process loads stays mapped, and a long-lived worker runs out of memory mappings (see
-    # tuning). One pool per batch of jobs rather than ProcessPoolExecutor's max_tasks_per_child,
-    # which can deadlock on Python 3.11 when a worker retires while jobs wait.
-    batch = n_workers * tuning.SWEEP_CELLS_PER_WORKER or len(jobs)
-    for first in range(0, len(jobs), batch):
-        _run_pool(fn, jobs[first : first + batch], on_result, n_workers, compilation_cache)
-
-
-def _run_pool(fn, jobs, on_result, n_workers: int, compilation_cache: str | None) -> None:
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
-        min(n_workers, len(jobs)),
-        mp_context=context,
-        initializer=_init_worker,
-        initargs=(compilation_cache, os.getpid()),
+        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid())
     ) as pool:
         futures = {pool.submit(fn, *job): job for job in jobs}
         try:

@@ -46,6 +46,33 @@ from experiments.user_code import import_plugins
 __all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "import_plugins", "run_group"]
 
 
+def _memory_mappings() -> int | None:
+    """This process's count of memory mappings (Linux ``/proc/self/maps``; None elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return None
+
+
+def _release_programs_if_many_mappings() -> None:
+    """Drop JAX's in-process caches of compiled programs once this process holds more than
+    ``tuning.SWEEP_MAX_MAPPINGS`` memory mappings: every loaded program keeps its code mapped
+    (three mappings per compiled object), and at Linux's default limit of 65,530
+    (``vm.max_map_count``) XLA cannot map new code. The next cell loads its programs from the
+    persistent compilation cache again; results do not change."""
+    from opl_rank import tuning
+
+    count = _memory_mappings()
+    if count is not None and count > tuning.SWEEP_MAX_MAPPINGS:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+
+
 def _run_cells(
     sweep: OPLSweep, todo: list[dict[str, Any]], folder: RunFolder, progress: bool = False
 ) -> list[tuple[dict[str, Any], list[dict[str, Any]], float]]:
@@ -59,6 +86,7 @@ def _run_cells(
         groups.setdefault(group_key(sweep, cell), []).append(cell)
     done = []
     for group in groups.values():
+        _release_programs_if_many_mappings()
         start = time.perf_counter()
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
         with bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar:

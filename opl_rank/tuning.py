@@ -24,13 +24,12 @@ PREFIX_TABLE_FLOATS = 2**26
 #: floats of completion intermediates per chunk of rows while the prefix table is built.
 PREFIX_TABLE_CHUNK_FLOATS = 2**23
 
-#: sweep cells per worker process before fresh workers replace them (experiments.executors,
-#: ``--backend processes``: the cells run in batches of ``workers x`` this many). Every program a process loads keeps its code mapped, and at D = 30
-#: a regime-map worker gained 3,000-5,000 memory mappings a cell: at Linux's default limit of
-#: 65,530 (``vm.max_map_count``) XLA could no longer map new code and the worker died
-#: ("LLVM compilation error: Cannot allocate memory") after about 10 cells. A fresh worker
-#: loads its programs from the persistent compilation cache again (seconds). 0: never replace.
-SWEEP_CELLS_PER_WORKER = 6
+#: memory mappings above which a sweep process drops JAX's in-process program caches before
+#: its next cell (experiments.opl_sweep). Every program a process loads keeps its code mapped
+#: (three mappings per compiled object); a D = 30 regime-map cell added 10,000-20,000, and at
+#: Linux's default limit of 65,530 (``vm.max_map_count``) XLA could not map new code: the
+#: worker died ("LLVM compilation error: Cannot allocate memory") after a few cells.
+SWEEP_MAX_MAPPINGS = 25_000
 
 # --- training: how often the host hears from a run -----------------------------------
 
