@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank import memory
-from opl_rank.opl.policies import MIN_MARGINAL
+from opl_rank.opl.policies import MIN_MARGINAL, compiled_sample
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
 
@@ -209,6 +209,8 @@ def evaluate_policy(
       [`PolicyValue`][PolicyValue].
     """
     sample = policy.sample if hasattr(policy, "sample") else policy
+    if getattr(policy, "jit_sample", False):  # the library's policies: one program per chunk shape
+        sample = functools.partial(compiled_sample, policy)
     if not callable(sample):
         raise TypeError(f"policy must be callable or have a .sample method, got {type(policy).__name__}")
     if n_contexts < 2:

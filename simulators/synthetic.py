@@ -163,26 +163,11 @@ class InteractionRewards:
           ``(rankings [n, L] int32, "exact", "exact-sort" or "beam")``.
         """
         alpha = position_weight
-        base = self.item_base(context)  # [n, D]
-        n_items, n_slots = base.shape[-1], alpha.shape[0]
+        n_items, n_slots = self.interaction.shape[-1], alpha.shape[0]
         n_rank = math.perm(n_items, n_slots)
         if n_rank <= max_enumerated:
-            perms = jnp.asarray(pl.all_rankings(n_items, n_slots))  # [P, L]
-            weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, n_items))  # [D, P]
-            rows = max(1, min(context.shape[0], 2**24 // n_rank))
-            if self.behaviour_masks is None:
-                inter = self.lam * (self.interaction_sum(perms) @ alpha)  # [P]
-                best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
-                return perms[best], "exact"
-            inters = self.lam * jnp.stack(  # [B, P]: every ranking's interaction value under each behaviour
-                [masked_interaction_sum(self.interaction, perms, m[None]) @ alpha for m in self.behaviour_masks]
-            )
-            best = jax.lax.map(
-                lambda bi: jnp.argmax(bi[0] @ weights + inters[bi[1]]),
-                (base, self.behaviour_index(context)),
-                batch_size=rows,
-            )
-            return perms[best], "exact"
+            return _best_by_enumeration(self, context, alpha), "exact"
+        base = self.item_base(context)  # [n, D]
         if not _has_interactions(self.lam, self.interaction, self.behaviour_masks):
             # Rearrangement: the largest base rewards on the largest weights.
             top = jax.lax.top_k(base, n_slots)[1].astype(jnp.int32)  # [n, L], largest first
@@ -235,6 +220,33 @@ class SyntheticRewards(InteractionRewards, struct.PyTreeNode):
     def item_base(self, context: jax.Array) -> jax.Array:
         """``theta_a^T x + b_a``: ``[n, dx] -> [n, D]``."""
         return context @ self.theta.T + self.bias[None, :]
+
+
+@jax.jit
+def _best_by_enumeration(reward_model: InteractionRewards, context: jax.Array, alpha: jax.Array) -> jax.Array:
+    """``argmax_a sum_l alpha_l q_l(x, a)`` over all ``D!/(D-L)!`` rankings, as one program:
+    ``[n, dx], [L] -> [n, L]`` int32. The interaction part of a ranking's value is context-free
+    (one constant per ranking, or per behaviour and ranking), so values are a matrix product
+    plus a constant, taken over contexts in batches of bounded size."""
+    base = reward_model.item_base(context)  # [n, D]
+    n_items, n_slots = base.shape[-1], alpha.shape[0]
+    n_rank = math.perm(n_items, n_slots)
+    perms = jnp.asarray(pl.all_rankings(n_items, n_slots))  # [P, L]
+    weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, n_items))  # [D, P]
+    rows = max(1, min(context.shape[0], 2**24 // n_rank))
+    if reward_model.behaviour_masks is None:
+        inter = reward_model.lam * (reward_model.interaction_sum(perms) @ alpha)  # [P]
+        best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
+        return perms[best]
+    inters = reward_model.lam * jnp.stack(  # [B, P]: every ranking's interaction value under each behaviour
+        [masked_interaction_sum(reward_model.interaction, perms, m[None]) @ alpha for m in reward_model.behaviour_masks]
+    )
+    best = jax.lax.map(
+        lambda bi: jnp.argmax(bi[0] @ weights + inters[bi[1]]),
+        (base, reward_model.behaviour_index(context)),
+        batch_size=rows,
+    )
+    return perms[best]
 
 
 def _has_interactions(lam: jax.Array, interaction: jax.Array, masks: jax.Array | None = None) -> bool:

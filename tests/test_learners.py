@@ -355,3 +355,37 @@ def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
         fit(data, make_key(60), _config("ips"), reward_params=shared)
     with pytest.raises(ValueError, match="fits no one-step f_hat"):
         fit_reward(data, make_key(60), _config("ips"))
+
+
+def test_compiled_sample_gives_each_policys_own_rankings():
+    """``compiled_sample`` (one program, as the ground-truth rollouts call it) returns what
+    ``policy.sample`` returns op by op, for every built-in policy, with and without a mask;
+    an object without ``jit_sample`` runs as it is."""
+    from opl_rank.opl.policies import compiled_sample
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=10, ranking_length=5, lam=1.0)
+    data = env.sample_logged_data(make_key(1), 800)
+    short = {"train": TrainConfig(epochs=2, batch_size=256), "reward_train": TrainConfig(epochs=2, batch_size=256)}
+    policies = [
+        fit(data, make_key(2), LearnerConfig("ips", **short)),
+        fit(data, make_key(2), LearnerConfig("regression", reward_model="pairwise", **short)),
+        fit(data, make_key(2), LearnerConfig("rpod", k=2, reward_model="pairwise", **short)),
+        fit(data, make_key(2), LearnerConfig("rpod", k=1, **short)),
+    ]
+    assert [type(p) for p in policies] == [PLPolicy, RegressionPolicy, TwoStagePolicy, TwoStagePolicy]
+    context = env.sample_contexts(make_key(3), 500)
+    where = jax.random.uniform(make_key(4), (500, 10)) > 0.3
+    where = where.at[:, :5].set(True)  # at least L candidates per row
+    for policy in policies:
+        assert policy.jit_sample
+        for mask in (None, where):
+            eager = policy.sample(make_key(5), context, where=mask)
+            compiled = compiled_sample(policy, make_key(5), context, where=mask)
+            assert compiled.dtype == eager.dtype and compiled.shape == (500, 5)
+            np.testing.assert_array_equal(compiled, eager)
+
+    class Fixed:  # a user's policy without the attribute: called as it is, no jit
+        def sample(self, key, context, *, where=None):
+            return np.tile(np.arange(5, dtype=np.int32), (context.shape[0], 1))
+
+    np.testing.assert_array_equal(compiled_sample(Fixed(), make_key(0), context)[0], np.arange(5))

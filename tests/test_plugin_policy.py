@@ -82,7 +82,7 @@ def test_the_plugin_is_registered_and_follows_the_protocol(setting):
     assert not learners.needs_position_marginals("eps-greedy")
     assert isinstance(policy, plugin.EpsilonGreedyPolicy) and isinstance(policy, RankingPolicy)
     assert type(policy.base) is opl_rank.RegressionPolicy and policy.epsilon == plugin.EPSILON
-    assert policy.jit_propensities and policy.n_slots == L
+    assert policy.jit_propensities and policy.jit_sample and policy.n_slots == L
     with pytest.raises(ValueError, match="already registered"):
         learners.register_learner("eps-greedy", lambda data, key, config, *, on_epoch=None: None)
     with pytest.raises(ValueError, match="built-in method or a registered estimator"):

@@ -39,6 +39,7 @@ __all__ = [
     "MIN_MARGINAL",
     "greedy_rankings",
     "compiled_propensities",
+    "compiled_sample",
 ]
 
 # Floor of a position marginal before its log: the quadrature's absolute error is ~1e-7,
@@ -77,6 +78,10 @@ class RankingPolicy(Protocol):
       jit_propensities: bool
           True when the policy is a pytree whose ``propensities`` compile as one
           program ([`compiled_propensities`][compiled_propensities]); absent: False (run as it is)
+      jit_sample: bool
+          True when the policy is a pytree whose ``sample`` compiles as one program
+          ([`compiled_sample`][compiled_sample]: the ground-truth rollouts);
+          absent: False (run as it is)
       pl_stage
           the Plackett-Luce part a learner trained through importance weights (whose
           log-weights ``max_log_weight`` clips), or None
@@ -164,6 +169,7 @@ class PLPolicy:
     slot_marginal_estimator: str = "prefix"
     deterministic = False
     jit_propensities = True
+    jit_sample = True
     spec_name = "PLPolicy"
 
     @property
@@ -246,6 +252,7 @@ class RegressionPolicy:
     reward_model: Any
     deterministic = True
     jit_propensities = True
+    jit_sample = True
     spec_name = "RegressionPolicy"
     pl_stage = None
 
@@ -309,6 +316,7 @@ class TwoStagePolicy:
     max_enumerated: int = 1024
     deterministic = False
     jit_propensities = False  # compiles its own pieces (rows in chunks: bounded memory)
+    jit_sample = True  # callers pass bounded chunks of contexts
     spec_name = "TwoStagePolicy"
 
     @property
@@ -469,6 +477,34 @@ def compiled_propensities(
     if getattr(policy, "jit_propensities", False):
         return _compiled_propensities(policy, data, key, slot_marginals)
     return policy.propensities(data, key, slot_marginals=slot_marginals)
+
+
+@jax.jit
+def _compiled_sample(policy, key, context, where):
+    return policy.sample(key, context, where=where)
+
+
+def compiled_sample(
+    policy: RankingPolicy, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None
+) -> jax.Array:
+    """``policy.sample(key, context, where=where)``, compiled as one program when the policy says
+    it may be (``policy.jit_sample``: this module's policies). The same rankings; a two-stage
+    policy's f_hat completion otherwise runs op by op, each op its own small program to
+    compile or load (a hundred and more per fitted policy). A policy without the attribute
+    runs as it is.
+
+    Args:
+      policy: a [`RankingPolicy`][RankingPolicy].
+      key: PRNG key (a deterministic policy ignores it).
+      context: ``[n, dx]``.
+      where: optional bool ``[n, D]``, the candidates each row may rank.
+
+    Returns:
+      ``[n, L]`` int32 rankings.
+    """
+    if getattr(policy, "jit_sample", False):
+        return _compiled_sample(policy, key, context, where)
+    return policy.sample(key, context, where=where)
 
 
 def greedy_rankings(policy: Any, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:

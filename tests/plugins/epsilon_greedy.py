@@ -81,6 +81,11 @@ class EpsilonGreedyPolicy:
         """Compiled whole when the base is (its greedy ranking is all it reads)."""
         return bool(getattr(self.base, "jit_propensities", False))
 
+    @property
+    def jit_sample(self) -> bool:
+        """``sample`` compiled whole when the base's is (``compiled_sample``)."""
+        return bool(getattr(self.base, "jit_sample", False))
+
     def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """The base's greedy ranking (the mode while ``epsilon < 1``): ``[n, dx] -> [n, L]`` int32."""
         return greedy_rankings(self.base, context, where=where).astype(jnp.int32)
