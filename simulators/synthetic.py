@@ -138,13 +138,13 @@ class InteractionRewards:
     ) -> tuple[jax.Array, str]:
         """``argmax_a sum_l alpha_l q_l(x, a)`` per context, and how it was found.
 
-        Exact by enumeration while ``D!/(D-L)! <= max_enumerated``: for a fixed reward
-        structure the interaction part of every ranking's value is context-free, so values
-        are one matrix product plus a constant per ranking (a context-dependent structure:
-        one constant per behaviour, each context adding its own). Beyond that, without
-        interactions (``lambda = 0``, ``W = 0`` or the ``"independent"`` structure) exact by
-        sorting: the L largest base rewards, the largest on the largest position weight
-        (``"exact-sort"``, ``O(D)`` per context). Otherwise, for the symmetric structure, a
+        Without interactions (``lambda = 0``, ``W = 0`` or the ``"independent"`` structure)
+        exact by sorting: the L largest base rewards, the largest on the largest position
+        weight (``"exact-sort"``, ``O(D)`` per context, whatever D). Otherwise exact by
+        enumeration while ``D!/(D-L)! <= max_enumerated``: for a fixed reward structure the
+        interaction part of every ranking's value is context-free, so values are one matrix
+        product plus a constant per ranking (a context-dependent structure: one constant per
+        behaviour, each context adding its own). Beyond that, for the symmetric structure, a
         beam search of width ``beam_width`` on the true q over all D items
         ([`opl_rank.opl.completion.best_rankings_beam`][opl_rank.opl.completion.best_rankings_beam], ``O(B D L)`` per context; a lower
         bound on V*, reported as ``"beam"``); any other structure is a ValueError (the beam
@@ -165,16 +165,17 @@ class InteractionRewards:
         alpha = position_weight
         n_items, n_slots = self.interaction.shape[-1], alpha.shape[0]
         n_rank = math.perm(n_items, n_slots)
-        if n_rank <= max_enumerated:
-            return _best_by_enumeration(self, context, alpha), "exact"
-        base = self.item_base(context)  # [n, D]
         if not _has_interactions(self.lam, self.interaction, self.behaviour_masks):
-            # Rearrangement: the largest base rewards on the largest weights.
-            top = jax.lax.top_k(base, n_slots)[1].astype(jnp.int32)  # [n, L], largest first
+            # Rearrangement: the largest base rewards on the largest weights (the enumeration's
+            # ranking, at O(D) instead of O(D!/(D-L)!) per context).
+            top = jax.lax.top_k(self.item_base(context), n_slots)[1].astype(jnp.int32)  # [n, L], largest first
             slot_rank = jnp.argsort(
                 jnp.argsort(-alpha, stable=True), stable=True
             )  # slot l gets the slot_rank[l]-th largest
             return top[:, slot_rank], "exact-sort"
+        if n_rank <= max_enumerated:
+            return _best_by_enumeration(self, context, alpha), "exact"
+        base = self.item_base(context)  # [n, D]
         if self.behaviour_masks is not None:
             raise ValueError(
                 f"the optimum under a reward structure other than symmetric or independent needs enumeration: "

@@ -237,10 +237,14 @@ def test_scaled_beam_search_is_the_beam_search_and_sorting_is_exact_without_inte
     np.testing.assert_allclose(value_of(new), value_of(old), rtol=1e-6, atol=1e-5)
     small = SyntheticRankingEnv.create(make_key(52), n_items=6, ranking_length=3, lam=0.0)
     xs = small.sample_contexts(make_key(53), 50)
-    exact, method = small.best_rankings(xs)
-    assert method == "exact"
-    by_sort, method = small.best_rankings(xs, max_enumerated=0)
-    assert method == "exact-sort"
+    from simulators.environments import best_rankings_by_enumeration
+
+    # without interactions the optimum is sorted, at any size; enumeration finds the same
+    exact = best_rankings_by_enumeration(small.expected_reward, xs, small.position_weight, 6)
+    for limit in (2_000_000, 0):
+        by_sort, method = small.best_rankings(xs, max_enumerated=limit)
+        assert method == "exact-sort"
+        np.testing.assert_array_equal(np.asarray(by_sort), np.asarray(exact))
     value_small = lambda r: np.asarray(small.expected_reward(xs, r) @ small.position_weight)
     np.testing.assert_allclose(value_small(by_sort), value_small(exact), atol=1e-5)
 
