@@ -146,13 +146,17 @@ def test_one_run_per_folder(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.extended
 def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsys):
-    seeds = "0,1,2,3,4,5"
+    # Warm cells take 0.03-0.1 s here (n=3000), so the kills wait for a cell file to appear
+    # and then a random fraction of a cell, not of a second: twelve cells leave room for
+    # every kill to land mid-sweep.
+    seeds = ",".join(str(s) for s in range(12))
+    heavier = ("--set", "n=3000")
     cache = tmp_path / "jax"
     reference_dir = tmp_path / "reference"
-    assert main([*_sweep_args(reference_dir, seeds), "--compilation-cache", str(cache)]) == 0
+    assert main([*_sweep_args(reference_dir, seeds, *heavier), "--compilation-cache", str(cache)]) == 0
     capsys.readouterr()
     reference = _table(reference_dir / "results.csv")
-    assert len(reference) == 6 * 2
+    assert len(reference) == 12 * 2
 
     out = tmp_path / "killed"
     cells = out / "cells"
@@ -164,20 +168,20 @@ def test_sigkill_at_random_points_resumes_to_the_identical_table(tmp_path, capsy
     progress = []
     for attempt in range(5):
         # The first kill lands during start-up; later ones after one or two more cells
-        # were written, plus a random fraction of a second (mid-cell, mid-write, ...).
-        target = 0 if attempt == 0 else min(finished() + rng.randint(1, 2), 4)
-        proc = _subprocess_sweep(out, seeds, cache)
+        # were written, plus a random fraction of a cell (mid-cell, mid-write, ...).
+        target = 0 if attempt == 0 else min(finished() + rng.randint(1, 2), 8)
+        proc = _subprocess_sweep(out, seeds, cache, *heavier)
         deadline = time.monotonic() + 120
         while finished() < target and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.0))
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05) if attempt else rng.uniform(0.0, 1.0))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         progress.append(finished())
         assert proc.returncode == -signal.SIGKILL, (progress, proc.stderr.read())
-    assert progress[0] < 6 and any(0 < p < 6 for p in progress), progress  # kills landed mid-sweep
-    final = _subprocess_sweep(out, seeds, cache)
+    assert progress[0] < 12 and any(0 < p < 12 for p in progress), progress  # kills landed mid-sweep
+    final = _subprocess_sweep(out, seeds, cache, *heavier)
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err
     assert _table(out / "results.csv") == reference
