@@ -140,13 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=V1,V2", help="override a key; lists with commas (repeatable)"
     )
     sweep.add_argument(
-        "--backend", default="serial", choices=["serial", "processes", "ray"], help="where cells run (default: serial)"
+        "--backend",
+        default="serial",
+        choices=["serial", "threads", "processes", "ray"],
+        help="where cells run: one after another, in threads of this process (shared compiled programs), "
+        "in worker processes or on Ray (default: serial)",
     )
     sweep.add_argument(
         "--ray-address", default=None, help="an existing Ray cluster for --backend ray (default: start a local one)"
     )
     sweep.add_argument(
-        "--workers", type=int, default=None, help="worker processes for --backend processes (default: CPU count)"
+        "--workers",
+        type=int,
+        default=None,
+        help="threads or worker processes for --backend threads / processes (default: CPU count)",
     )
     sweep.add_argument(
         "--compilation-cache",

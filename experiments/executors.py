@@ -1,8 +1,14 @@
-"""Where a sweep's jobs run: in this process, in local worker processes, or on Ray.
+"""Where a sweep's jobs run: in this process (one after another, or in threads), in local
+worker processes, or on Ray.
 
 A job is a picklable top-level function and its arguments; results come back in
 completion order through ``on_result``. Jobs derive their PRNG keys from their own cell
 (never from execution order), so every backend gives the same results.
+
+``threads`` runs jobs in a pool of threads of this process. They share its compiled programs
+(each is traced and compiled or loaded once, not once per worker) while XLA runs the programs
+outside Python's lock, so two threads keep two cores busier than one job at a time (the small
+preset: about 15% faster, docs/performance.md §22). Each job writes its own cells.
 
 ``processes`` starts workers with the ``spawn`` method (JAX is not fork-safe), pins XLA
 to one thread per worker (two single-threaded workers on two cores finish ~1.5x more
@@ -32,7 +38,7 @@ from typing import Any
 
 __all__ = ["BACKENDS", "run_jobs", "exit_with_parent"]
 
-BACKENDS = ("serial", "processes", "ray")
+BACKENDS = ("serial", "threads", "processes", "ray")
 _SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 _PARENT_POLL_SECONDS = 0.2
 
@@ -87,8 +93,8 @@ def run_jobs(
       fn: a top-level (picklable) function.
       jobs: argument tuples.
       on_result: called in this process, in completion order.
-      backend: ``"serial"`` or ``"processes"``.
-      workers: worker processes (default: the CPU count; ``processes`` only).
+      backend: one of [`BACKENDS`][BACKENDS].
+      workers: worker threads or processes (default: the CPU count; not for ``serial``).
       compilation_cache: directory for JAX's persistent compilation cache (None: off).
       ray_address: an existing Ray cluster (``ray`` only; None starts a local instance
         with ``workers`` CPUs).
@@ -106,23 +112,40 @@ def run_jobs(
         _run_on_ray(fn, jobs, on_result, workers, compilation_cache, ray_address)
         return
     n_workers = min(workers or os.cpu_count() or 1, len(jobs))
+    if backend == "threads":
+        _enable_compilation_cache(compilation_cache)
+        with concurrent.futures.ThreadPoolExecutor(n_workers, thread_name_prefix="opl-rank-job") as threads:
+            _collect(threads, fn, jobs, on_result)
+        return
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(
         n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid())
     ) as pool:
-        futures = {pool.submit(fn, *job): job for job in jobs}
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                on_result(futures[future], future.result())
-        except KeyboardInterrupt:  # Ctrl-C: stop the workers now rather than wait for their cells
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
-            raise
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+        _collect(pool, fn, jobs, on_result)
+
+
+def _collect(
+    pool: concurrent.futures.Executor,
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple],
+    on_result: Callable[[tuple, Any], None],
+) -> None:
+    """Submit every job to ``pool`` and call ``on_result`` here as each finishes. On Ctrl-C
+    the jobs not started are cancelled and worker processes terminated; a thread cannot be
+    stopped, so running threads end their current job (each writes its cells atomically)."""
+    futures = {pool.submit(fn, *job): job for job in jobs}
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            on_result(futures[future], future.result())
+    except KeyboardInterrupt:  # Ctrl-C: stop now rather than wait for every job
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in list((getattr(pool, "_processes", None) or {}).values()):  # worker processes only
+            process.terminate()
+        raise
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
 
 
 class _DropPrefix:

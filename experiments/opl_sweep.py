@@ -20,9 +20,11 @@ files are named and recomputed). At the end all rows are gathered into ``results
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from experiments.resume import BadCell, RunFolder, StaleCell, open_run_folder, opl_rank_version, read_cell, write_cell
@@ -61,16 +63,49 @@ def _release_programs_if_many_mappings() -> None:
     (three mappings per compiled object), and at Linux's default limit of 65,530
     (``vm.max_map_count``) XLA cannot map new code. The next cell loads its programs from the
     persistent compilation cache again; results do not change."""
-    from opl_rank import tuning
-
-    count = _memory_mappings()
-    if count is not None and count > tuning.SWEEP_MAX_MAPPINGS:
+    if _too_many_mappings():
         import gc
 
         import jax
 
         jax.clear_caches()
         gc.collect()
+
+
+def _too_many_mappings() -> bool:
+    from opl_rank import tuning
+
+    count = _memory_mappings()
+    return count is not None and count > tuning.SWEEP_MAX_MAPPINGS
+
+
+class _CellGate:
+    """Where a job's cell groups start. With the ``threads`` backend several run at once in
+    one process; dropping the process's programs (the mapping guard) then waits until no
+    group runs, and groups wait to start while it is due. One job at a time (serial, a
+    worker process): the guard runs at once, as before."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running = 0
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        with self._changed:
+            while self._running and _too_many_mappings():
+                self._changed.wait()
+            if not self._running:
+                _release_programs_if_many_mappings()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+
+_GATE = _CellGate()
 
 
 def _run_cells(
@@ -86,10 +121,12 @@ def _run_cells(
         groups.setdefault(group_key(sweep, cell), []).append(cell)
     done = []
     for group in groups.values():
-        _release_programs_if_many_mappings()
         start = time.perf_counter()
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
-        with bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar:
+        with (
+            _GATE.group(),
+            bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar,
+        ):
             steps = Steps(cell_bar)
             own = cell_config(sweep, group[0])  # its policy_epochs / reward_epochs when they are axes
             epochs = steps.epochs({"reward": own.reward_epochs, "policy": own.policy_epochs})

@@ -99,6 +99,24 @@ def test_sweep_config_errors(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_threads_backend_gives_the_serial_results(tmp_path, capsys):
+    """Cells in threads of one process (shared compiled programs) write the serial table."""
+    tables = {}
+    for backend in ("serial", "threads"):
+        out = tmp_path / backend
+        args = ["sweep", "--config", CONFIG, *TINY, "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod"]
+        args += ["--set", "ks=1", "--set", "reward_models=additive", "--set", "vmap_seeds=false"]
+        args += ["--set", f"output_dir={out}", "--backend", backend, "--workers", "2", "--json"]
+        args += ["--compilation-cache", str(tmp_path / "jax")]
+        assert main(args) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out.strip().splitlines()[-1])["backend"] == backend
+        with open(out / "results.csv") as f:
+            tables[backend] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)]
+    assert len(tables["serial"]) == 2 * 3
+    assert tables["threads"] == tables["serial"]
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.filterwarnings("ignore:os.fork")  # Ray starts its own daemons with fork_exec
