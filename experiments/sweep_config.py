@@ -405,10 +405,21 @@ def load_sweep(config_path: str, overrides: dict[str, Any]) -> OPLSweep:
     """Read the YAML and ``--set`` overrides (lists with commas); unknown keys are errors."""
     from experiments.config import check_override_keys, resolve_path
 
-    check_override_keys(overrides, OPLSweep)
     values = load_yaml(config_path)
+    declared = values.get("axes") if isinstance(values.get("axes"), dict) else {}
+    # --set NAME=a,b on an axis the file declares sets that axis's values: as a plain key the
+    # axis would override it in every cell, silently running the file's values instead
+    check_override_keys({k: v for k, v in overrides.items() if k not in declared}, OPLSweep)
+    for key in declared:  # the axis would win in every cell, silently
+        if key in values:
+            raise ValueError(
+                f"{config_path}: {key!r} is both an axis (axes.{key}: {declared[key]}) and a fixed value "
+                f"({key}: {values[key]}): keep one"
+            )
     for key, value in overrides.items():  # --set axes.NAME=a,b / --set env_options.NAME=v
         head, dot, name = key.partition(".")
+        if key in declared:
+            head, dot, name = "axes", ".", key
         if dot and head in ("axes", "env_options"):
             merged = dict(values.get(head) or {})
             merged[name] = value

@@ -148,6 +148,29 @@ def test_axes_from_the_command_line(tmp_path):
     assert sweep.axes == (("sigma", (0.2, 0.3)), ("interaction_scale", (0.5, 2.0)))
 
 
+def test_set_on_a_declared_axis_sets_that_axis(tmp_path):
+    """``--set NAME=...`` on an axis the file declares replaces the axis's values; as a plain key
+    the axis would win in every cell and the sweep would run the file's values silently."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "n_items: [5]\nranking_length: [3]\naxes:\n  interaction_scale: [0.0, 1.0, 3.0]\n"
+        "  reward_hidden: [linear, '64']\n  reward_structure: [symmetric, cascade]\n"
+    )
+    sweep = load_sweep(str(config), {"interaction_scale": 3, "reward_hidden": "linear", "reward_structure": "cascade"})
+    assert sweep.axes == (
+        ("interaction_scale", (3.0,)),
+        ("reward_hidden", ("linear",)),
+        ("reward_structure", ("cascade",)),
+    )
+    assert {(c["interaction_scale"], c["reward_hidden"]) for c in cells(sweep)} == {(3.0, "linear")}
+    assert load_sweep(str(config), {"interaction_scale": "0,1"}).axes[0] == ("interaction_scale", (0.0, 1.0))
+    with pytest.raises(ValueError, match="unknown key"):  # not declared, not a key: still an error
+        load_sweep(str(config), {"no_such_key": 1})
+    config.write_text("n_items: [5]\nranking_length: [3]\ninteraction_scale: 2.0\naxes:\n  interaction_scale: [1.0]\n")
+    with pytest.raises(ValueError, match="c.yaml: 'interaction_scale' is both an axis"):
+        load_sweep(str(config), {})
+
+
 def test_a_cell_of_another_version_is_not_reused_silently(tmp_path, capsys):
     out = tmp_path / "stale"
     sweep = OPLSweep(**TINY, output_dir=str(out))
