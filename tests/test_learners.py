@@ -357,6 +357,44 @@ def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
         fit_reward(data, make_key(60), _config("ips"))
 
 
+def test_two_stage_model_values_through_the_prefix_table():
+    """OPE's E_pi[f_hat] of a two-stage policy reads one table of every prefix's completed value
+    when that is cheaper: the same samples' values as completing each sampled prefix, with and
+    without a mask, and their mean within 4 SE of the exact sum over prefixes."""
+    import math
+
+    from opl_rank.opl import completion, estimator_inputs
+
+    env = SyntheticRankingEnv.create(make_key(0), n_items=6, ranking_length=4, lam=1.0)
+    data = env.sample_logged_data(make_key(1), 600)
+    short = {"train": TrainConfig(epochs=3, batch_size=128), "reward_train": TrainConfig(epochs=3, batch_size=128)}
+    context = env.sample_contexts(make_key(3), 50)
+    where = (jax.random.uniform(make_key(4), (50, 6)) > 0.3).at[:, :4].set(True)
+    for k, kind in ((1, "pairwise"), (2, "pairwise"), (2, "additive")):
+        policy = fit(data, make_key(2), LearnerConfig("rpod", k=k, reward_model=kind, **short))
+        model = policy.reward_model
+        assert estimator_inputs._prefix_table_pays(policy, 50, 256)
+        assert not estimator_inputs._prefix_table_pays(policy, 50, math.perm(6, k) - 1)  # fewer samples than prefixes
+        for mask in (None, where):
+            keys = jax.random.split(make_key(7), 256)
+            completed = jnp.stack([model.predict(context, policy.sample(key, context, where=mask)) for key in keys])
+            tabled = estimator_inputs._model_values(policy, model, context, make_key(7), 256, mask, 6)
+            np.testing.assert_allclose(tabled, completed.mean(0), rtol=1e-5, atol=1e-5)
+            # exact: sum over every prefix of its PL probability times its completed value
+            prefixes = jnp.asarray(completion.prefix_layout(6, k)[0])  # [P, k]
+            table = policy.prefix_values(model.predict, context, where=mask)  # [n, P]
+            log_p = jnp.stack(
+                [
+                    policy.first_stage.log_prob(context, jnp.broadcast_to(prefix, (50, k)), where=mask)
+                    for prefix in prefixes
+                ],
+                axis=1,
+            )  # [n, P]: -inf for a prefix outside the mask
+            exact = jnp.sum(jnp.exp(log_p) * jnp.where(jnp.isfinite(log_p), table, 0.0), axis=1)
+            se = completed.std(0) / np.sqrt(256) + 1e-6
+            assert np.all(np.abs(np.asarray(tabled) - np.asarray(exact)) < 4 * np.asarray(se) + 1e-4)
+
+
 def test_compiled_sample_gives_each_policys_own_rankings():
     """``compiled_sample`` (one program, as the ground-truth rollouts call it) returns what
     ``policy.sample`` returns op by op, for every built-in policy, with and without a mask;

@@ -21,10 +21,13 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from opl_rank import tuning
 
 __all__ = [
     "slot_gains",
@@ -35,6 +38,7 @@ __all__ = [
     "one_hot_sum",
     "zero_diagonal",
     "prefix_layout",
+    "prefix_table",
     "prefix_table_values",
 ]
 
@@ -262,3 +266,34 @@ def prefix_table_values(table: jax.Array, prefixes: jax.Array, n_items: int) -> 
     n = columns.shape[-1]
     flat = columns.reshape(-1, n).T  # [n, S]: rows first, as the table
     return jnp.take_along_axis(table, flat, axis=1).T.reshape(columns.shape)
+
+
+def prefix_table(
+    value_of: Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array],
+    context: jax.Array,
+    where: jax.Array | None,
+    n_items: int,
+    k: int,
+    floats_per_prefix: int,
+) -> jax.Array:
+    """Every row's value of every top-``k`` prefix: float32 ``[n, P]``, columns as in [`prefix_layout`][prefix_layout].
+
+    Args:
+      value_of: ``(context [1, dx], prefixes int [P, 1, k], where [1, D] | None) -> [P]``: one row's values.
+      context: ``[n, dx]``.
+      where: bool ``[n, D]`` candidates, or None.
+      n_items: D.
+      k: prefix length.
+      floats_per_prefix: intermediates per prefix of ``value_of`` (sizes the chunks of rows,
+        ``tuning.PREFIX_TABLE_CHUNK_FLOATS`` floats each).
+    """
+    prefixes = jnp.asarray(prefix_layout(n_items, k)[0])[:, None, :]  # [P, 1, k]
+
+    def row_values(row):
+        return value_of(row["context"][None], prefixes, None if row["where"] is None else row["where"][None])
+
+    per_row = prefixes.shape[0] * floats_per_prefix
+    rows = {"context": context, "where": where}
+    return jax.lax.map(
+        row_values, rows, batch_size=max(1, min(context.shape[0], tuning.PREFIX_TABLE_CHUNK_FLOATS // per_row))
+    )

@@ -23,6 +23,7 @@ is one; ``tests/plugins/cascade_dm.py`` is one outside the package).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -189,10 +190,36 @@ def _model_values(policy, reward_model, context, key, n_samples, where, n_items)
     # bounded memory at any n, and the same keys (hence values) as one vmap over all of them.
     per_sample = context.shape[0] * max(1024 if n_items is None else n_items, policy.n_slots)
     batch = int(max(1, min(n_samples, tuning.OPE_BATCH_FLOATS // per_sample)))
-    values = jax.lax.map(
-        lambda k: reward_model.predict(context, policy.sample(k, context, where=where)), keys, batch_size=batch
-    )  # [N, n]
+    if _prefix_table_pays(policy, context.shape[0], n_samples):
+        # A sampled prefix plus a deterministic completion: complete each possible prefix once
+        # per row, then read the samples' values (the same prefixes and values as completing them)
+        table = policy.prefix_values(reward_model.predict, context, where=where)  # [n, P]
+
+        def draw(k):
+            return completion.prefix_table_values(table, policy.sample_prefix(k, context, where=where), policy.n_items)
+
+    else:
+
+        def draw(k):
+            return reward_model.predict(context, policy.sample(k, context, where=where))
+
+    values = jax.lax.map(draw, keys, batch_size=batch)  # [N, n]
     return jnp.mean(values, axis=0)
+
+
+def _prefix_table_pays(policy: Any, n_rows: int, n_samples: int) -> bool:
+    """Whether a policy that samples a top-k prefix and completes it deterministically
+    (``sample_prefix`` / ``prefix_values``) is cheaper to average through its table of every
+    prefix's value: at most ``n_samples`` prefixes per row, 1 <= k < L, and the ``[n, P]`` table
+    within ``tuning.PREFIX_TABLE_FLOATS``."""
+    if not hasattr(policy, "prefix_values") or not 0 < policy.k < policy.n_slots:
+        return False
+    n_prefixes = math.perm(policy.n_items, policy.k)
+    return (
+        policy.n_items**policy.k <= 2**16
+        and n_prefixes <= n_samples
+        and n_prefixes * n_rows <= tuning.PREFIX_TABLE_FLOATS
+    )
 
 
 _compiled_model_values = jax.jit(_model_values, static_argnums=(4, 6))

@@ -594,20 +594,13 @@ def _prefix_values(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Arr
     """float32 ``[n, P]``: f_hat at the best completion of each of the ``P`` top-k prefixes
     of [`prefix_layout`][opl_rank.opl.completion.prefix_layout], for every row."""
     reward_model = _reward_model(plan, reward_params, data.position_weight)
-    prefixes = jnp.asarray(completion.prefix_layout(data.n_items, plan.k)[0])[:, None, :]  # [P, 1, k]
 
-    def row_values(row):  # one row: [P] values
-        context = row["context"][None]
-        where = None if row["item_mask"] is None else row["item_mask"][None]
-        completed = reward_model.complete(context, prefixes, where=where)  # [P, 1, L]
-        return reward_model.predict(context, completed)[:, 0]
+    def value_of(context, prefixes, where):  # one row: [P] values
+        return reward_model.predict(context, reward_model.complete(context, prefixes, where=where))[:, 0]
 
     n_tails = math.perm(data.n_items - plan.k, plan.n_slots - plan.k)
-    per_row = prefixes.shape[0] * min(n_tails, reward_model.max_enumerated) * data.n_items
-    rows = {"context": data.context, "item_mask": data.item_mask}
-    return jax.lax.map(
-        row_values, rows, batch_size=max(1, min(data.n_rounds, tuning.PREFIX_TABLE_CHUNK_FLOATS // per_row))
-    )
+    per_prefix = min(n_tails, reward_model.max_enumerated) * data.n_items
+    return completion.prefix_table(value_of, data.context, data.item_mask, data.n_items, plan.k, per_prefix)
 
 
 class ClippedWeightsWarning(RuntimeWarning):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
+from opl_rank.opl import completion
 from opl_rank.opl.estimators import Propensities
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
@@ -328,11 +330,41 @@ class TwoStagePolicy:
         return self.first_stage.n_slots
 
     @property
+    def n_items(self) -> int:
+        """D, the candidates f_hat scores."""
+        return int(self.reward_model.module.n_items)
+
+    @property
     def pl_stage(self) -> PLPolicy:
         return self.first_stage
 
     def sample(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
-        return self.reward_model.complete(context, self.first_stage.sample(key, context, where=where), where=where)
+        return self.reward_model.complete(context, self.sample_prefix(key, context, where=where), where=where)
+
+    def sample_prefix(self, key: jax.Array, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
+        """The first stage's top k, ``[n, k]``: what [`sample`][sample] completes (same key, same prefixes)."""
+        return self.first_stage.sample(key, context, where=where)
+
+    def prefix_values(
+        self,
+        value_fn: Callable[[jax.Array, jax.Array], jax.Array],
+        context: jax.Array,
+        *,
+        where: jax.Array | None = None,
+    ) -> jax.Array:
+        """``value_fn(context, ranking)`` of every top-k prefix's completion, per row: ``[n, P]``
+        (``P = D!/(D-k)!``, columns as in [`opl_rank.opl.completion.prefix_layout`][opl_rank.opl.completion.prefix_layout]).
+
+        With it the mean of ``value_fn`` over many samples reads one table instead of
+        completing every sampled prefix (``value_fn``: ``([1, dx], int [P, 1, L]) -> [P, 1]``)."""
+        n_items, k = self.n_items, self.k
+        n_tails = math.perm(n_items - k, self.n_slots - k)
+        per_prefix = min(n_tails, self.reward_model.max_enumerated) * n_items
+
+        def value_of(row_context, prefixes, row_where):
+            return value_fn(row_context, self.reward_model.complete(row_context, prefixes, where=row_where))[:, 0]
+
+        return completion.prefix_table(value_of, context, where, n_items, k, per_prefix)
 
     def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """The first stage's greedy top k completed by f_hat (Eq. 13): ``[n, dx] -> [n, L]`` int32."""
