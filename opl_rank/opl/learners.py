@@ -42,7 +42,6 @@ import jax.numpy as jnp
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData, train_val_split
-from opl_rank.opl import completion
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms
 from opl_rank.opl.estimators import estimate
@@ -594,13 +593,7 @@ def _prefix_values(plan: _Plan, reward_params: Any, data: LoggedData) -> jax.Arr
     """float32 ``[n, P]``: f_hat at the best completion of each of the ``P`` top-k prefixes
     of [`prefix_layout`][opl_rank.opl.completion.prefix_layout], for every row."""
     reward_model = _reward_model(plan, reward_params, data.position_weight)
-
-    def value_of(context, prefixes, where):  # one row: [P] values
-        return reward_model.predict(context, reward_model.complete(context, prefixes, where=where))[:, 0]
-
-    n_tails = math.perm(data.n_items - plan.k, plan.n_slots - plan.k)
-    per_prefix = min(n_tails, reward_model.max_enumerated) * data.n_items
-    return completion.prefix_table(value_of, data.context, data.item_mask, data.n_items, plan.k, per_prefix)
+    return reward_model.prefix_table(reward_model.predict, data.context, plan.k, where=data.item_mask)
 
 
 class ClippedWeightsWarning(RuntimeWarning):

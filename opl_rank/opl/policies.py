@@ -27,7 +27,6 @@ import jax.numpy as jnp
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
-from opl_rank.opl import completion
 from opl_rank.opl.estimators import Propensities
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
@@ -357,14 +356,7 @@ class TwoStagePolicy:
 
         With it the mean of ``value_fn`` over many samples reads one table instead of
         completing every sampled prefix (``value_fn``: ``([1, dx], int [P, 1, L]) -> [P, 1]``)."""
-        n_items, k = self.n_items, self.k
-        n_tails = math.perm(n_items - k, self.n_slots - k)
-        per_prefix = min(n_tails, self.reward_model.max_enumerated) * n_items
-
-        def value_of(row_context, prefixes, row_where):
-            return value_fn(row_context, self.reward_model.complete(row_context, prefixes, where=row_where))[:, 0]
-
-        return completion.prefix_table(value_of, context, where, n_items, k, per_prefix)
+        return self.reward_model.prefix_table(value_fn, context, self.k, where=where)
 
     def greedy(self, context: jax.Array, *, where: jax.Array | None = None) -> jax.Array:
         """The first stage's greedy top k completed by f_hat (Eq. 13): ``[n, dx] -> [n, L]`` int32."""

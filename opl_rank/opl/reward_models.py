@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -214,6 +215,29 @@ class RewardModel:
             max_enumerated=self.max_enumerated,
             beam_width=self.beam_width,
         )[0]
+
+    def prefix_table(
+        self,
+        value_fn: Callable[[jax.Array, jax.Array], jax.Array],
+        context: jax.Array,
+        k: int,
+        *,
+        where: jax.Array | None = None,
+    ) -> jax.Array:
+        """``value_fn`` of each top-k prefix followed by its [`complete`][complete] tail, per row: float32 ``[n, P]``
+        (``P = D!/(D-k)!``, columns as in [`opl_rank.opl.completion.prefix_layout`][opl_rank.opl.completion.prefix_layout]).
+
+        ``value_fn(context [1, dx], rankings int [P, 1, L]) -> [P, 1]`` (e.g. a reward model's
+        ``predict``). A mean over many sampled prefixes then reads this table instead of
+        completing each sample."""
+        n_items = self.module.n_items
+        n_tails = math.perm(n_items - k, self.n_slots - k)
+        per_prefix = min(n_tails, self.max_enumerated) * n_items
+
+        def value_of(row_context, prefixes, row_where):
+            return value_fn(row_context, self.complete(row_context, prefixes, where=row_where))[:, 0]
+
+        return completion.prefix_table(value_of, context, where, n_items, k, per_prefix)
 
 
 def fit_reward_model(
