@@ -294,10 +294,13 @@ class OPLSweep:
 
 
 def hidden_text(value: Any, what: str) -> str:
-    """Hidden sizes as an axis value's text: ``[64, 64]`` or ``"64x64"`` -> ``"64x64"``;
+    """Hidden sizes as an axis value's text: ``[64, 64]`` or ``"64x64"`` -> ``"64x64"``; one
+    layer as a bare int (``64``, as ``--set reward_hidden=64`` reads it) -> ``"64"``;
     ``[]``, ``"linear"`` or ``""`` -> ``"linear"``."""
     if isinstance(value, str):
         parts = [] if value in ("", "linear") else value.split("x")
+    elif isinstance(value, int) and not isinstance(value, bool):
+        parts = [value]
     elif isinstance(value, (list, tuple)):
         parts = list(value)
     else:

@@ -164,6 +164,11 @@ def test_set_on_a_declared_axis_sets_that_axis(tmp_path):
     )
     assert {(c["interaction_scale"], c["reward_hidden"]) for c in cells(sweep)} == {(3.0, "linear")}
     assert load_sweep(str(config), {"interaction_scale": "0,1"}).axes[0] == ("interaction_scale", (0.0, 1.0))
+    # --set reward_hidden=64 reads a bare int: one hidden layer, as the file's "64"
+    assert load_sweep(str(config), {"reward_hidden": 64}).axes[1] == ("reward_hidden", ("64",))
+    assert load_sweep(str(config), {"reward_hidden": "linear,64"}).axes[1] == ("reward_hidden", ("linear", "64"))
+    with pytest.raises(ValueError, match="hidden sizes must be positive ints"):
+        load_sweep(str(config), {"reward_hidden": 0})
     with pytest.raises(ValueError, match="unknown key"):  # not declared, not a key: still an error
         load_sweep(str(config), {"no_such_key": 1})
     config.write_text("n_items: [5]\nranking_length: [3]\ninteraction_scale: 2.0\naxes:\n  interaction_scale: [1.0]\n")
