@@ -41,6 +41,7 @@ from experiments.sweep_config import (
     load_sweep,
     method_rows,
     resolved_config,
+    shape_key,
 )
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
@@ -57,13 +58,13 @@ def _memory_mappings() -> int | None:
         return None
 
 
-def _release_programs_if_many_mappings() -> None:
+def _release_programs_if_many_mappings(limit: int | None = None) -> None:
     """Drop JAX's in-process caches of compiled programs once this process holds more than
-    ``tuning.SWEEP_MAX_MAPPINGS`` memory mappings: every loaded program keeps its code mapped
-    (three mappings per compiled object), and at Linux's default limit of 65,530
-    (``vm.max_map_count``) XLA cannot map new code. The next cell loads its programs from the
-    persistent compilation cache again; results do not change."""
-    if _too_many_mappings():
+    ``limit`` (default ``tuning.SWEEP_MAX_MAPPINGS``) memory mappings: every loaded program
+    keeps its code mapped (three mappings per compiled object), and at Linux's default limit
+    of 65,530 (``vm.max_map_count``) XLA cannot map new code. The next cell loads its programs
+    from the persistent compilation cache again; results do not change."""
+    if _too_many_mappings(limit):
         import gc
 
         import jax
@@ -72,30 +73,44 @@ def _release_programs_if_many_mappings() -> None:
         gc.collect()
 
 
-def _too_many_mappings() -> bool:
+def _too_many_mappings(limit: int | None = None) -> bool:
     from opl_rank import tuning
 
     count = _memory_mappings()
-    return count is not None and count > tuning.SWEEP_MAX_MAPPINGS
+    return count is not None and count > (tuning.SWEEP_MAX_MAPPINGS if limit is None else limit)
 
 
 class _CellGate:
     """Where a job's cell groups start. With the ``threads`` backend several run at once in
     one process; dropping the process's programs (the mapping guard) then waits until no
     group runs, and groups wait to start while it is due. One job at a time (serial, a
-    worker process): the guard runs at once, as before."""
+    worker process): the guard runs at once.
+
+    A group of other shapes than the last one started here (``shape``, from
+    [`shape_key`][experiments.sweep_config.shape_key]) needs programs of its own, and the
+    jobs come in shape order, so the last shape's programs are not needed again: they are
+    dropped already above half the limit. Without that, a D = 10 grid's process crossed the
+    limit in the middle of a shape's cells and traced that shape's programs twice."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._running = 0
+        self._shape: tuple | None = None
+
+    def _limit(self, shape: tuple | None) -> int:
+        from opl_rank import tuning
+
+        new_shape = shape is not None and self._shape is not None and shape != self._shape
+        return tuning.SWEEP_MAX_MAPPINGS // 2 if new_shape else tuning.SWEEP_MAX_MAPPINGS
 
     @contextlib.contextmanager
-    def group(self) -> Iterator[None]:
+    def group(self, shape: tuple | None = None) -> Iterator[None]:
         with self._changed:
-            while self._running and _too_many_mappings():
+            while self._running and _too_many_mappings(self._limit(shape)):
                 self._changed.wait()
             if not self._running:
-                _release_programs_if_many_mappings()
+                _release_programs_if_many_mappings(self._limit(shape))
+            self._shape = shape if shape is not None else self._shape
             self._running += 1
         try:
             yield
@@ -124,7 +139,7 @@ def _run_cells(
         start = time.perf_counter()
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
         with (
-            _GATE.group(),
+            _GATE.group(shape_key(sweep, group[0])),
             bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar,
         ):
             steps = Steps(cell_bar)
@@ -255,6 +270,7 @@ def run_sweep(
         jobs: dict[tuple, list[dict[str, Any]]] = {}
         for cell in todo:
             jobs.setdefault(group_key(sweep, cell), []).append(cell)
+        ordered = _shape_order(sweep, list(jobs.values()), ahead=backend != "serial")
         start = time.perf_counter()
         finished = len(every) - len(todo)
         echo(f"sweep: {len(every)} cell(s), {finished} done already, {len(todo)} to run ({backend}) in {folder.path}")
@@ -273,7 +289,7 @@ def run_sweep(
             try:
                 run_jobs(
                     _run_cells,
-                    [(sweep, group, folder, progress and backend == "serial") for group in jobs.values()],
+                    [(sweep, group, folder, progress and backend == "serial") for group in ordered],
                     report,
                     backend=backend,
                     workers=workers,
@@ -305,6 +321,30 @@ def run_sweep(
         "output_dir": folder.path,
         "config_hash": folder.config_hash[:8],
     }
+
+
+def _shape_order(sweep: OPLSweep, jobs: list[list[dict[str, Any]]], *, ahead: bool) -> list[list[dict[str, Any]]]:
+    """The jobs shape by shape (D, L, n and the declared axes; each shape's in grid order),
+    with ``ahead`` (parallel backends) each shape's first job moved ahead of the previous
+    shape's others.
+
+    A process then traces and loads a shape's programs once for all the cells it runs of
+    it; in the grid's order (n innermost) every cell was another shape and retraced its
+    programs, 14-20 s of a D = 10 grid cell's 17-40 s (docs/performance.md §24). Starting the
+    next shape early lets a second worker compile it while the first runs the cells of a
+    compiled one, instead of both compiling the same programs at once on an empty cache (one
+    process gains nothing from it). Rows do not depend on the order."""
+    by_shape: dict[tuple, list[list[dict[str, Any]]]] = {}
+    for group in jobs:
+        by_shape.setdefault(shape_key(sweep, group[0]), []).append(group)
+    shapes = list(by_shape.values())
+    if not ahead:
+        return [group for groups in shapes for group in groups]
+    ordered = shapes[0][:1] if shapes else []
+    for i, groups in enumerate(shapes):
+        ordered.extend(shapes[i + 1][:1] if i + 1 < len(shapes) else [])
+        ordered.extend(groups[1:])
+    return ordered
 
 
 def _plots(rows: list[dict[str, Any]], out_dir: str, echo: Callable[[str], None]) -> list[str]:

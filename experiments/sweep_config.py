@@ -520,6 +520,12 @@ def _name_part(value: Any) -> str:
 _CELL_NAMES = ("D", "L", "tau", "lam", "seed", "n")
 
 
+def shape_key(sweep: OPLSweep, cell: dict[str, Any]) -> tuple:
+    """What sets a cell's array shapes, and so its compiled programs: D, L, n and the declared
+    axes (which may be sizes, e.g. ``reward_hidden``); tau, lambda and the seed do not."""
+    return tuple(cell[k] for k in ("D", "L", "n")) + tuple(cell[k] for k in row_axis_columns(sweep))
+
+
 def group_key(sweep: OPLSweep, cell: dict[str, Any]) -> tuple:
     """Cells with the same key share shapes and are fitted together (their seeds vmapped)."""
     shape = tuple(cell[k] for k in ("D", "L", "tau", "lam", "n")) + tuple(cell[k] for k in row_axis_columns(sweep))
