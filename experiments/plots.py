@@ -255,6 +255,8 @@ def write_plots(rows: list[dict[str, Any]], out_dir: str, *, show: bool = False)
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for name, panels in plot_series(rows).items():
+        if not panels:  # e.g. a sweep of only R-POD's k: no method lines to draw
+            continue
         draw = _draw_vs_k if name.endswith("_vs_k.png") else _draw_method_lines
         paths.append(draw(panels, os.path.join(out_dir, name), show))
     return paths

@@ -176,6 +176,15 @@ def test_plots_are_readable_with_one_n(tmp_path):
         plt.close("all")
 
 
+def test_plots_of_only_rpod_rows_draw_the_k_figures(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (scripts/setup.sh installs it)")
+    from experiments.plots import write_plots
+
+    rows = [r for r in _sweep_rows() if r["method"] == "rpod"]  # no method lines over n or lambda
+    paths = write_plots(rows, str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[-1] for p in paths) == ["gain_vs_k.png", "value_vs_k.png"]
+
+
 # -- opl-rank simulate ----------------------------------------------------------------------
 
 

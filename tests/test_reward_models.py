@@ -67,6 +67,28 @@ def test_completion_is_the_exact_argmax(fitted, kind, k):
     np.testing.assert_allclose(np.asarray(model.predict(x, completed)), np.asarray(best), atol=1e-4)
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_last_slot_completion_is_exact_enumeration(ties):
+    # k = L - 1 skips enumeration (one tail item, no pair term): the same item, ties included.
+    from opl_rank.opl import completion
+
+    n_items, n_slots = 12, 4
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(2, 50, n_items)).astype(np.float32)
+    v = completion.zero_diagonal(jnp.asarray(rng.normal(size=(n_items, n_items)), jnp.float32))
+    if ties:
+        g, v = np.round(g), jnp.zeros_like(v)  # many equal gains: the lowest index must win
+    alpha = 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+    prefixes = pl.sample_rankings(make_key(13), jnp.zeros((2, 50, n_items)), n_slots - 1)
+    last = completion.complete_last_slot(jnp.asarray(g), v, alpha, prefixes)
+    np.testing.assert_array_equal(
+        np.asarray(last), np.asarray(completion.complete_exact(jnp.asarray(g), v, alpha, prefixes))
+    )
+    completed, method = completion.complete(jnp.asarray(g), v, alpha, prefixes)
+    assert method == "exact"
+    np.testing.assert_array_equal(np.asarray(completed[..., -1:]), np.asarray(last))
+
+
 @pytest.mark.slow
 def test_greedy_completion_is_valid_and_never_better_than_exact(fitted):
     _, models, x = fitted

@@ -33,6 +33,7 @@ __all__ = [
     "slot_gains",
     "complete_exact",
     "complete_beam",
+    "complete_last_slot",
     "complete",
     "best_rankings_beam",
     "one_hot_sum",
@@ -111,6 +112,19 @@ def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.A
     free_items = jnp.round(free @ jnp.arange(n_items, dtype=jnp.float32)).astype(jnp.int32)  # [.., n, F]
     best = jnp.asarray(patterns)[jnp.argmax(scores, axis=-1)]  # [.., n, rest]
     return jnp.take_along_axis(free_items, best, axis=-1)
+
+
+def complete_last_slot(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
+    """The best last item after ``L - 1`` placed ones: ``[.., n, D], [D, D], [L], int [.., n, L-1]
+    -> int32 [.., n, 1]``, the free item of largest ``U`` (the lowest index on a tie, as
+    [`complete_exact`][complete_exact]). ``O(D^2)`` per prefix: a lone tail item has no pair
+    term, so nothing of [`complete_exact`][complete_exact]'s ``O(D^3)`` is needed."""
+    n_items = g.shape[-1]
+    k = prefixes.shape[-1]
+    placed = one_hot_sum(prefixes, n_items)
+    weighted = one_hot_sum(prefixes, n_items, alpha[:k])
+    gain = slot_gains(g, v, alpha, placed, weighted, k, 1)[..., 0]  # [.., n, D]
+    return jnp.argmax(jnp.where(placed > 0, -jnp.inf, gain), axis=-1).astype(jnp.int32)[..., None]
 
 
 def complete_beam(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array, beam_width: int) -> jax.Array:
@@ -233,6 +247,10 @@ def complete(
     if k == n_slots:
         return prefixes, "exact"
     v = zero_diagonal(v)
+    if k == n_slots - 1:  # one slot left: its best item is U's argmax, no tails to enumerate
+        return jnp.concatenate(
+            [prefixes, complete_last_slot(g, v, alpha, prefixes).astype(prefixes.dtype)], -1
+        ), "exact"
     if math.perm(n_items - k, n_slots - k) <= max_enumerated:
         tails, method = complete_exact(g, v, alpha, prefixes), "exact"
     else:
