@@ -17,8 +17,11 @@ Scenarios:
 For each run: the wall time of the process's work (imports included), JAX's compile time
 (tracing, lowering to MLIR, XLA's backend compile or the persistent cache's retrieval) from
 ``jax.monitoring``, the persistent cache's hits and misses, and for the sweeps that time split
-per sweep step (ground truth, logging, each method): wall and compile seconds. The programs
-that took longest to compile are listed by name.
+per sweep step (ground truth, logging, each method): wall and compile seconds, summed over
+the cells (with cells in threads, the default on 2 or more cores, each thread's steps are
+timed on their own, so the steps add up to more than the wall time). The programs that took
+longest to compile are listed by name. ``--backend`` passes a sweep backend (default: the
+command line's own default).
 
 The last line printed is one JSON object.
 """
@@ -33,6 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -60,10 +64,17 @@ def quickstart_code() -> str:
     return match.group(1)
 
 
-def sweep_argv(scenario: str, out_dir: str) -> list[str]:
+def sweep_argv(scenario: str, out_dir: str, backend: str | None = None) -> list[str]:
+    chosen = ["--backend", backend] if backend else []
     if scenario == "small":
-        return ["sweep", "--config", "experiments/configs/synthetic_opl_small.yaml", "--set", f"output_dir={out_dir}"]
-    return [
+        return [
+            "sweep",
+            "--config",
+            "experiments/configs/synthetic_opl_small.yaml",
+            "--set",
+            f"output_dir={out_dir}",
+        ] + chosen
+    return chosen + [
         "sweep",
         "--config",
         "experiments/configs/synthetic_opl_d100.yaml",
@@ -78,7 +89,7 @@ def sweep_argv(scenario: str, out_dir: str) -> list[str]:
     ]
 
 
-def child(scenario: str, out_dir: str) -> dict[str, Any]:
+def child(scenario: str, out_dir: str, backend: str | None = None) -> dict[str, Any]:
     """One run in this (fresh) process; JAX's compile events counted from the first import."""
     start = time.perf_counter()
     import jax
@@ -87,30 +98,39 @@ def child(scenario: str, out_dir: str) -> dict[str, Any]:
     per_step: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
     per_program: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.defaultdict(int)
-    current = {"step": "setup", "since": time.perf_counter()}
+    # each thread's current step: (name, since); compile events come on the compiling thread
+    current: dict[int, tuple[str, float]] = {threading.get_ident(): ("setup", time.perf_counter())}
+    lock = threading.Lock()
 
     def on_duration(event: str, duration: float, **kwargs: Any) -> None:
         name = COMPILE_EVENTS.get(event)
         if name is None:
             return
-        totals[name] += duration
-        per_step[current["step"]]["compile_s"] += duration
-        if name in ("backend_compile_s", "lower_s"):
-            per_program[str(kwargs.get("fun_name", "?"))] += duration
+        with lock:
+            totals[name] += duration
+            per_step[current.get(threading.get_ident(), ("setup", 0.0))[0]]["compile_s"] += duration
+            if name in ("backend_compile_s", "lower_s"):
+                per_program[str(kwargs.get("fun_name", "?"))] += duration
 
     def on_event(event: str, **kwargs: Any) -> None:
-        if event.endswith("cache_hits"):
-            counts["cache_hits"] += 1
-        elif event.endswith("compile_requests_use_cache"):
-            counts["compile_requests"] += 1
+        with lock:
+            if event.endswith("cache_hits"):
+                counts["cache_hits"] += 1
+            elif event.endswith("compile_requests_use_cache"):
+                counts["compile_requests"] += 1
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
     jax.monitoring.register_event_listener(on_event)
 
-    def enter(label: str) -> None:
-        now = time.perf_counter()
-        per_step[current["step"]]["wall_s"] += now - current["since"]
-        current["step"], current["since"] = re.split(r"[(/]", label)[0], now
+    def enter(label: str | None) -> None:
+        """This thread starts step ``label`` (None: its cell group is done)."""
+        now, me = time.perf_counter(), threading.get_ident()
+        with lock:
+            if me in current:
+                step, since = current.pop(me)
+                per_step[step]["wall_s"] += now - since
+            if label is not None:
+                current[me] = (re.split(r"[(/]", label)[0], now)
 
     if scenario == "quickstart":
         code = quickstart_code()
@@ -128,10 +148,14 @@ def child(scenario: str, out_dir: str) -> dict[str, Any]:
                 if on_step is not None:
                     on_step(label)
 
-            return run_group(sweep, group, on_step=step, on_epoch=on_epoch)
+            try:
+                return run_group(sweep, group, on_step=step, on_epoch=on_epoch)
+            finally:  # the main thread goes on with the sweep's own work (cell files, tables, plots)
+                enter("main thread outside cells" if threading.current_thread() is threading.main_thread() else None)
 
         opl_sweep.run_group = traced_run_group
-        code = cli.main(sweep_argv(scenario, out_dir))  # with progress, as a user runs it
+        enter("main thread outside cells")
+        code = cli.main(sweep_argv(scenario, out_dir, backend))  # with progress, as a user runs it
         if code not in (0, None):
             raise SystemExit(f"sweep exited with {code}")
     enter("done")
@@ -150,13 +174,14 @@ def child(scenario: str, out_dir: str) -> dict[str, Any]:
     }
 
 
-def run(scenario: str, cache_dir: str, device: bool) -> dict[str, Any]:
+def run(scenario: str, cache_dir: str, device: bool, backend: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out_dir:
         env = {**os.environ, "OPL_RANK_JAX_CACHE": cache_dir}
         if not device:
             env["JAX_PLATFORMS"] = "cpu"
         proc = subprocess.run(
-            [sys.executable, __file__, "--child", scenario, "--out-dir", out_dir],
+            [sys.executable, __file__, "--child", scenario, "--out-dir", out_dir]
+            + (["--backend", backend] if backend else []),
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -171,24 +196,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {SCENARIOS}")
     parser.add_argument("--device", action="store_true", help="run on JAX's default backend (the GPU) instead of CPU")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "serial", "threads", "processes"),
+        help="the sweeps' --backend (default: the command line's default)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         sys.path.insert(0, str(ROOT))
         os.chdir(ROOT)
-        result = child(args.child, args.out_dir)
+        result = child(args.child, args.out_dir, args.backend)
         print(json.dumps(result))
         return result
     scenarios = [s for s in args.scenarios.split(",") if s]
     unknown = sorted(set(scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenarios {unknown}; choose from {SCENARIOS}")
-    out: dict[str, Any] = {"bench": "main_job", "device": args.device, **environment()}
+    out: dict[str, Any] = {"bench": "main_job", "device": args.device, "backend": args.backend, **environment()}
     for scenario in scenarios:
         with tempfile.TemporaryDirectory() as cache_dir:
             for state in ("cold", "warm"):
-                result = run(scenario, cache_dir, args.device)
+                result = run(scenario, cache_dir, args.device, args.backend)
                 out[f"{scenario}_{state}"] = result
                 print(
                     f"{scenario:10s} {state}: {result['wall_s']:6.1f} s wall, {result['compile_s']:5.1f} s compiling "

@@ -141,10 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument(
         "--backend",
-        default="serial",
-        choices=["serial", "threads", "processes", "ray"],
+        default="auto",
+        choices=["auto", "serial", "threads", "processes", "ray"],
         help="where cells run: one after another, in threads of this process (shared compiled programs), "
-        "in worker processes or on Ray (default: serial)",
+        "in worker processes or on Ray (default: auto, threads on a CPU with 2 or more cores, else serial)",
     )
     sweep.add_argument(
         "--ray-address", default=None, help="an existing Ray cluster for --backend ray (default: start a local one)"
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=None,
-        help="threads or worker processes for --backend threads / processes (default: CPU count)",
+        help="threads or worker processes at a time for --backend auto / threads / processes (default: CPU count)",
     )
     sweep.add_argument(
         "--compilation-cache",

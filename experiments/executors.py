@@ -8,7 +8,9 @@ completion order through ``on_result``. Jobs derive their PRNG keys from their o
 ``threads`` runs jobs in a pool of threads of this process. They share its compiled programs
 (each is traced and compiled or loaded once, not once per worker) while XLA runs the programs
 outside Python's lock, so two threads keep two cores busier than one job at a time (the small
-preset: about 15% faster, docs/performance.md §22). Each job writes its own cells.
+preset: about 15% faster, docs/performance.md §22, §25). Each job writes its own cells. A
+sweep's default, ``auto``, chooses it on a CPU with two or more cores
+(``experiments.opl_sweep.choose_backend``).
 
 ``processes`` starts workers with the ``spawn`` method (JAX is not fork-safe), pins XLA
 to one thread per worker (two single-threaded workers on two cores finish ~1.5x more

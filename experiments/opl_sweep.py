@@ -46,7 +46,16 @@ from experiments.sweep_config import (
 from experiments.tables import write_tables
 from experiments.user_code import import_plugins
 
-__all__ = ["OPLSweep", "load_sweep", "run_sweep", "cells", "method_rows", "import_plugins", "run_group"]
+__all__ = [
+    "OPLSweep",
+    "load_sweep",
+    "run_sweep",
+    "choose_backend",
+    "cells",
+    "method_rows",
+    "import_plugins",
+    "run_group",
+]
 
 
 def _memory_mappings() -> int | None:
@@ -154,23 +163,73 @@ def _run_cells(
     return done
 
 
-def _check_memory(sweep: OPLSweep) -> None:
-    """Refuse, before any work, a grid whose largest cell's logged data cannot fit (a lower
-    bound: contexts of the synthetic environment's dx = 5; larger contexts are checked again
-    when a cell simulates)."""
+def _job_bytes(sweep: OPLSweep) -> int:
+    """Peak bytes of the logged data of the sweep's largest job (a lower bound: contexts of
+    the synthetic environment's dx = 5; larger contexts are checked again when a cell
+    simulates)."""
     from opl_rank import memory
     from opl_rank.opl.learners import needs_position_marginals
 
     marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
     together = len(sweep.seeds) if sweep.vmap_seeds else 1
     n, n_items, n_slots = max(sweep.n), max(sweep.n_items), max(sweep.ranking_length)
-    per_cell = memory.logged_data_bytes(n, n_items, n_slots, 5, position_marginals=marginals)
-    memory.require(
-        memory.ASSEMBLY_COPIES * together * per_cell,
-        f"the sweep's largest cell (n={n:,}, D={n_items}, L={n_slots}"
-        f"{f', {together} seeds at once' if together > 1 else ''})",
-        "use a smaller n" + (" or vmap_seeds: false" if together > 1 else ""),
+    return (
+        memory.ASSEMBLY_COPIES
+        * together
+        * memory.logged_data_bytes(n, n_items, n_slots, 5, position_marginals=marginals)
     )
+
+
+def _check_memory(sweep: OPLSweep, at_once: int = 1) -> None:
+    """Refuse, before any work, a grid whose largest cell's logged data cannot fit, ``at_once``
+    jobs at a time (threads or worker processes)."""
+    from opl_rank import memory
+
+    together = len(sweep.seeds) if sweep.vmap_seeds else 1
+    n, n_items, n_slots = max(sweep.n), max(sweep.n_items), max(sweep.ranking_length)
+    memory.require(
+        at_once * _job_bytes(sweep),
+        f"the sweep's largest cell (n={n:,}, D={n_items}, L={n_slots}"
+        f"{f', {together} seeds at once' if together > 1 else ''}"
+        f"{f', {at_once} cells at a time' if at_once > 1 else ''})",
+        "use a smaller n"
+        + (" or vmap_seeds: false" if together > 1 else "")
+        + (" or fewer --workers" if at_once > 1 else ""),
+    )
+
+
+def choose_backend(sweep: OPLSweep, backend: str, workers: int | None, n_jobs: int) -> tuple[str, int]:
+    """The backend and number of jobs at a time a sweep of ``n_jobs`` jobs runs with.
+
+    ``auto`` (the command line's default): cells in threads of this process, one per CPU
+    core, when JAX computes on the CPU, there are two or more jobs and cores, and that many
+    jobs' logged data fit in the available memory (at least two); else ``serial``. Threads
+    share the process's compiled programs and keep both of 2 cores busy: the small preset
+    ran 15% faster than serially (docs/performance.md §22, §25). On a GPU one job at a
+    time already fills the device. An explicit backend is kept; its worker count
+    (default: the CPU count) is capped at ``n_jobs``."""
+    import os
+
+    from experiments.executors import BACKENDS
+
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
+    cores = os.cpu_count() or 1
+    if backend == "serial":
+        return "serial", 1
+    if backend != "auto":
+        return backend, max(1, min(workers or cores, n_jobs))
+    import jax
+
+    from opl_rank import memory
+
+    at_once = min(workers or cores, n_jobs)
+    available = memory.available_bytes()
+    if available is not None:
+        at_once = min(at_once, available // max(1, _job_bytes(sweep)))
+    if jax.default_backend() != "cpu" or at_once < 2:
+        return "serial", 1
+    return "threads", int(at_once)
 
 
 def _describe(cell: dict[str, Any], rows: list[dict[str, Any]], seconds: float) -> str:
@@ -198,7 +257,7 @@ def run_sweep(
     sweep: OPLSweep,
     *,
     echo: Callable[[str], None] = print,
-    backend: str = "serial",
+    backend: str = "auto",
     workers: int | None = None,
     compilation_cache: str | None = None,
     ray_address: str | None = None,
@@ -209,7 +268,8 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run (or resume) every cell; write cells, ``results.csv`` and ``config.yaml``.
 
-    Jobs run on ``backend`` (see [`experiments.executors`][experiments.executors]); keys come from each cell's
+    Jobs run on ``backend`` (see [`experiments.executors`][experiments.executors]; ``auto``: threads on a
+    CPU with two or more cores, else serial, [`choose_backend`][choose_backend]); keys come from each cell's
     seed, so the table does not depend on the backend or the order cells finish in.
     ``vmap_seeds="auto"`` is resolved here, once, from this process's JAX backend (vmapped
     on GPU/TPU; on CPU one seed at a time, which measured faster on 2 cores), and the
@@ -219,8 +279,9 @@ def run_sweep(
     sweep stops before any work (``ValueError`` naming the differing keys), unless
     ``new_config``: then it runs in ``output_dir/config-<hash8>/``.
 
-    ``progress``: bars on stderr ([`experiments.progress`][experiments.progress]): one over the cells and, with
-    the serial backend, one over the steps of the running cell (ground truth, data, each fit).
+    ``progress``: bars on stderr ([`experiments.progress`][experiments.progress]): one over the cells and, in
+    this process (serial, threads), one over the steps of each running cell (ground truth, data,
+    each fit).
 
     Cells written by another opl_rank version (each cell file records it) are not reused:
     the sweep stops before any work with a ``ValueError`` naming the versions, unless
@@ -270,10 +331,14 @@ def run_sweep(
         jobs: dict[tuple, list[dict[str, Any]]] = {}
         for cell in todo:
             jobs.setdefault(group_key(sweep, cell), []).append(cell)
+        backend, at_once = choose_backend(sweep, backend, workers, len(jobs))
+        if backend in ("threads", "processes") and at_once > 1:
+            _check_memory(sweep, at_once)
         ordered = _shape_order(sweep, list(jobs.values()), ahead=backend != "serial")
         start = time.perf_counter()
         finished = len(every) - len(todo)
-        echo(f"sweep: {len(every)} cell(s), {finished} done already, {len(todo)} to run ({backend}) in {folder.path}")
+        where = backend if at_once == 1 or backend == "ray" else f"{backend}, {at_once} at a time"
+        echo(f"sweep: {len(every)} cell(s), {finished} done already, {len(todo)} to run ({where}) in {folder.path}")
 
         with bar(len(todo), desc="cells", unit="cell", enabled=progress and bool(todo)) as cells_bar:
 
@@ -289,10 +354,10 @@ def run_sweep(
             try:
                 run_jobs(
                     _run_cells,
-                    [(sweep, group, folder, progress and backend == "serial") for group in ordered],
+                    [(sweep, group, folder, progress and backend in ("serial", "threads")) for group in ordered],
                     report,
                     backend=backend,
-                    workers=workers,
+                    workers=at_once if backend in ("threads", "processes") else workers,
                     compilation_cache=compilation_cache,
                     ray_address=ray_address,
                 )
@@ -314,6 +379,7 @@ def run_sweep(
         "resumed": len(every) - len(todo),
         "rows": len(rows),
         "backend": backend,
+        "workers": at_once,
         "seconds": time.perf_counter() - start,
         "results": tables["results"],
         "parquet": tables["parquet"] is not None,

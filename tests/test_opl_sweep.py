@@ -99,8 +99,10 @@ def test_sweep_config_errors(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_threads_backend_gives_the_serial_results(tmp_path, capsys):
+def test_threads_backend_gives_the_serial_results(tmp_path, capsys, monkeypatch):
     """Cells in threads of one process (shared compiled programs) write the serial table."""
+    import os
+
     tables = {}
     for backend in ("serial", "threads"):
         out = tmp_path / backend
@@ -115,6 +117,54 @@ def test_threads_backend_gives_the_serial_results(tmp_path, capsys):
             tables[backend] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)]
     assert len(tables["serial"]) == 2 * 3
     assert tables["threads"] == tables["serial"]
+    # the default (auto) on two or more cores: the same table, each running cell's steps shown
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    out = tmp_path / "auto"
+    args = ["sweep", "--config", CONFIG, *TINY, "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod"]
+    args += ["--set", "ks=1", "--set", "reward_models=additive", "--set", "vmap_seeds=false"]
+    args += ["--set", f"output_dir={out}", "--compilation-cache", str(tmp_path / "jax")]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "to run (threads, 2 at a time)" in captured.out
+    for seed in (0, 1):  # each cell's own bar of steps (on stderr), not only the bar of cells
+        assert f"D5_L3_tau1.0_lam0.5_seed{seed}_n400: " in captured.err, captured.err
+    with open(out / "results.csv") as f:
+        assert [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)] == tables["serial"]
+
+
+def test_auto_backend_runs_cells_in_threads_where_cores_and_memory_allow(monkeypatch):
+    """``auto`` (the command line's default): threads, one per core, on a CPU with two or more
+    cores and two or more jobs, as many as the jobs' logged data fit in memory; else serial.
+    An explicit backend is kept, its workers capped at the jobs."""
+    import os
+
+    from experiments import opl_sweep
+    from opl_rank import memory
+
+    sweep = OPLSweep()
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10**12)
+    for cores, jobs, workers, expected in [
+        (2, 4, None, ("threads", 2)),
+        (8, 3, None, ("threads", 3)),  # no more threads than jobs
+        (8, 6, 4, ("threads", 4)),  # --workers
+        (1, 4, None, ("serial", 1)),  # one core
+        (2, 1, None, ("serial", 1)),  # one job
+        (8, 6, 1, ("serial", 1)),
+    ]:
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        assert opl_sweep.choose_backend(sweep, "auto", workers, jobs) == expected, (cores, jobs, workers)
+    job = opl_sweep._job_bytes(sweep)
+    assert job > 0
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 3 * job + job // 2)
+    assert opl_sweep.choose_backend(sweep, "auto", None, 6) == ("threads", 3)  # three jobs' data fit
+    monkeypatch.setattr(memory, "available_bytes", lambda: job + job // 2)
+    assert opl_sweep.choose_backend(sweep, "auto", None, 6) == ("serial", 1)
+    assert opl_sweep.choose_backend(sweep, "serial", 4, 6) == ("serial", 1)
+    assert opl_sweep.choose_backend(sweep, "processes", None, 3) == ("processes", 3)
+    assert opl_sweep.choose_backend(sweep, "threads", 2, 6) == ("threads", 2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        opl_sweep.choose_backend(sweep, "gpu", None, 2)
 
 
 @pytest.mark.slow
