@@ -198,6 +198,13 @@ def _check_memory(sweep: OPLSweep, at_once: int = 1) -> None:
     )
 
 
+def _check_backend(backend: str) -> None:
+    from experiments.executors import BACKENDS
+
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
+
+
 def choose_backend(sweep: OPLSweep, backend: str, workers: int | None, n_jobs: int) -> tuple[str, int]:
     """The backend and number of jobs at a time a sweep of ``n_jobs`` jobs runs with.
 
@@ -210,10 +217,7 @@ def choose_backend(sweep: OPLSweep, backend: str, workers: int | None, n_jobs: i
     (default: the CPU count) is capped at ``n_jobs``."""
     import os
 
-    from experiments.executors import BACKENDS
-
-    if backend not in ("auto",) + BACKENDS:
-        raise ValueError(f"backend must be one of {('auto',) + BACKENDS}, got {backend!r}")
+    _check_backend(backend)
     cores = os.cpu_count() or 1
     if backend == "serial":
         return "serial", 1
@@ -295,6 +299,7 @@ def run_sweep(
     from experiments.executors import run_jobs
     from experiments.progress import bar
 
+    _check_backend(backend)  # before the output folder is made
     if sweep.vmap_seeds == "auto":
         sweep = dataclasses.replace(sweep, vmap_seeds=jax.default_backend() != "cpu")
     _check_memory(sweep)

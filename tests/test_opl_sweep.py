@@ -103,14 +103,15 @@ def test_threads_backend_gives_the_serial_results(tmp_path, capsys, monkeypatch)
     """Cells in threads of one process (shared compiled programs) write the serial table."""
     import os
 
+    def sweep_args(out):
+        args = ["sweep", "--config", CONFIG, *TINY, "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod"]
+        args += ["--set", "ks=1", "--set", "reward_models=additive", "--set", "vmap_seeds=false"]
+        return args + ["--set", f"output_dir={out}", "--compilation-cache", str(tmp_path / "jax")]
+
     tables = {}
     for backend in ("serial", "threads"):
         out = tmp_path / backend
-        args = ["sweep", "--config", CONFIG, *TINY, "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod"]
-        args += ["--set", "ks=1", "--set", "reward_models=additive", "--set", "vmap_seeds=false"]
-        args += ["--set", f"output_dir={out}", "--backend", backend, "--workers", "2", "--json"]
-        args += ["--compilation-cache", str(tmp_path / "jax")]
-        assert main(args) == 0
+        assert main([*sweep_args(out), "--backend", backend, "--workers", "2", "--json"]) == 0
         captured = capsys.readouterr()
         assert json.loads(captured.out.strip().splitlines()[-1])["backend"] == backend
         with open(out / "results.csv") as f:
@@ -120,10 +121,7 @@ def test_threads_backend_gives_the_serial_results(tmp_path, capsys, monkeypatch)
     # the default (auto) on two or more cores: the same table, each running cell's steps shown
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     out = tmp_path / "auto"
-    args = ["sweep", "--config", CONFIG, *TINY, "--set", "seeds=0,1", "--set", "methods=ips,regression,rpod"]
-    args += ["--set", "ks=1", "--set", "reward_models=additive", "--set", "vmap_seeds=false"]
-    args += ["--set", f"output_dir={out}", "--compilation-cache", str(tmp_path / "jax")]
-    assert main(args) == 0
+    assert main(sweep_args(out)) == 0
     captured = capsys.readouterr()
     assert "to run (threads, 2 at a time)" in captured.out
     for seed in (0, 1):  # each cell's own bar of steps (on stderr), not only the bar of cells
@@ -165,6 +163,15 @@ def test_auto_backend_runs_cells_in_threads_where_cores_and_memory_allow(monkeyp
     assert opl_sweep.choose_backend(sweep, "threads", 2, 6) == ("threads", 2)
     with pytest.raises(ValueError, match="backend must be one of"):
         opl_sweep.choose_backend(sweep, "gpu", None, 2)
+
+
+def test_an_unknown_backend_is_refused_before_the_output_folder_is_made(tmp_path):
+    from experiments import opl_sweep
+
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match="backend must be one of .* got 'gpu'"):
+        opl_sweep.run_sweep(OPLSweep(output_dir=str(out)), echo=lambda line: None, backend="gpu")
+    assert not out.exists()
 
 
 @pytest.mark.slow
