@@ -4,7 +4,8 @@ Most of a small run's time is XLA compilation, not computation: the tutorial's f
 (D = 10, n = 2,000) take about 100 s from a cold start on two CPU cores and about 40 s when
 their kernels come from this cache (docs/performance.md §17). JAX keys every cached
 executable by its program, compile options, backend and JAX version, so a changed function
-simply misses; nothing stale is ever loaded.
+simply misses; nothing stale is ever loaded. Beside it, [`opl_rank.program_cache`][opl_rank.program_cache]
+keeps the fits' traced programs (``<cache>/programs``), so a later process skips tracing them too.
 
 The ``opl-rank`` command enables it for every subcommand, in ``$OPL_RANK_JAX_CACHE`` or
 ``~/.cache/opl_rank/jax`` (``OPL_RANK_JAX_CACHE=""`` turns it off); sweep workers (local
@@ -34,14 +35,23 @@ def default_cache_dir() -> str | None:
 
 
 def enable_compilation_cache(
-    cache_dir: str | os.PathLike | None = None, *, min_compile_seconds: float = MIN_COMPILE_SECONDS
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    min_compile_seconds: float = MIN_COMPILE_SECONDS,
+    programs: bool = True,
 ) -> str | None:
     """Point JAX's persistent compilation cache at ``cache_dir`` for this process.
+
+    With ``programs`` the fits' traced programs are kept beside it too
+    (``cache_dir/programs``, [`opl_rank.program_cache`][opl_rank.program_cache]): a later
+    process then skips tracing and lowering them as well.
 
     Args:
       cache_dir: a directory (created if missing); None: [`default_cache_dir`][default_cache_dir], which
         may say the cache is off.
       min_compile_seconds: compiles shorter than this are not written.
+      programs: keep traced programs as well (``OPL_RANK_PROGRAM_CACHE=0`` in the
+        environment turns that off).
 
     Returns:
       The directory in use, or None when the cache is off.
@@ -60,8 +70,11 @@ def enable_compilation_cache(
 
     if not min_compile_seconds >= 0:
         raise ValueError(f"min_compile_seconds must be >= 0, got {min_compile_seconds!r}")
+    from opl_rank.program_cache import enable_program_cache
+
     path = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
     if not path:
+        enable_program_cache(None)
         return None
     try:
         os.makedirs(path, exist_ok=True)
@@ -77,4 +90,5 @@ def enable_compilation_cache(
         # JAX decides once per process, at its first compile, whether the cache is used;
         # forget that decision so a directory set after some work takes effect.
         compilation_cache.reset_cache()
+    enable_program_cache(os.path.join(path, "programs") if programs else None)
     return path

@@ -22,6 +22,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from opl_rank.program_cache import cached_program
+
 __all__ = ["Packed", "pack", "stack", "unpack", "stage", "leading_rows"]
 
 
@@ -107,8 +109,11 @@ def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = ()) -
         return fn(*unpack(args))
 
     if batched:
-        return jax.jit(jax.vmap(unpacked, in_axes=tuple(None if i in shared else 0 for i in range(_arity(fn)))))
-    return jax.jit(unpacked)
+        jitted = jax.jit(jax.vmap(unpacked, in_axes=tuple(None if i in shared else 0 for i in range(_arity(fn)))))
+    else:
+        jitted = jax.jit(unpacked)
+    # kept on disk as traced programs where the program cache is on (opl_rank.program_cache)
+    return cached_program(jitted, fn, f"stage(batched={batched}, shared={shared})")
 
 
 def _arity(fn: Callable[..., Any]) -> int:

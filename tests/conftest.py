@@ -40,6 +40,9 @@ from opl_rank.compilation_cache import CACHE_ENV, MIN_COMPILE_SECONDS, enable_co
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
+# Tests monkeypatch library functions, which the program cache's keys cannot see
+# (opl_rank.program_cache): it stays off unless a test turns it on.
+os.environ.setdefault("OPL_RANK_PROGRAM_CACHE", "0")
 os.environ.setdefault(CACHE_ENV, str(Path(__file__).resolve().parents[1] / ".cache" / "jax-tests"))
 # Plain Python subprocesses read JAX's own variables when they import JAX.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[CACHE_ENV])

@@ -1,0 +1,430 @@
+"""Traced programs kept on disk: a warm process skips JAX's tracing and lowering of a fit.
+
+JAX's persistent compilation cache ([`opl_rank.compilation_cache`][opl_rank.compilation_cache])
+keeps XLA's executables, but a new process still traces every training chunk to a jaxpr and
+lowers it to StableHLO before it can look the executable up: about 4 s of the small preset's
+warm run, all of it Python holding the interpreter lock (docs/performance.md §26). This cache
+keeps each program of a fit's stages ([`opl_rank.staging.stage`][opl_rank.staging.stage]) as a
+serialized ``jax.export.Exported`` and calls it in later processes; XLA then compiles it (a
+persistent-cache hit where that cache is on).
+
+**A program is only ever reused for the code that made it.** Its key hashes
+
+* the function and everything it closes over, recursively ([`fingerprint`][fingerprint]):
+  code objects, closed-over values (numbers, strings, arrays by content, dataclasses and named
+  tuples field by field, flax modules, optax transformations). A function or object it does
+  not understand -- any code outside this repository's packages and jax, flax, optax, numpy --
+  makes the program uncacheable: it is traced as usual;
+* the source files of ``opl_rank``, ``simulators`` and ``experiments``, the versions of Python,
+  jax, jaxlib, flax, optax and numpy, JAX's configuration, ``XLA_FLAGS``, the backend and
+  [`opl_rank.tuning`][opl_rank.tuning]'s values;
+* the arguments' tree structure (node types and their static data, fingerprinted the same way),
+  shapes and dtypes.
+
+If any of those source files changed after this process started (its running code may then
+differ from the files), the cache stops being used for the rest of the process. Cached or not,
+a program computes the same values: the first process runs the exported program too, so a
+warm run's results equal the cold run's bit for bit (tested).
+
+The ``opl-rank`` command turns it on next to the compilation cache
+(``<compilation cache>/programs``); ``OPL_RANK_PROGRAM_CACHE=0`` turns it off. The library never
+turns it on by itself: [`enable_program_cache`][enable_program_cache].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import pickle
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["PROGRAM_CACHE_ENV", "enable_program_cache", "program_cache_dir", "fingerprint", "cached_program", "stats"]
+
+log = logging.getLogger(__name__)
+
+PROGRAM_CACHE_ENV = "OPL_RANK_PROGRAM_CACHE"
+_FORMAT = 1  # bump when the stored entry's layout changes
+_OWN_PACKAGES = ("opl_rank", "simulators", "experiments")
+# Libraries whose code is pinned by their version (part of every key).
+_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "chex")
+_BUILTIN_MODULES = ("builtins", "functools", "operator", "math", "typing", "abc", "collections", "enum")
+_STARTED = time.time()  # source files modified after this: the running code may not match them
+
+_lock = threading.Lock()
+_dir: str | None = None
+_sources: tuple[str, float] | None = None  # (hash of the own packages' sources, newest mtime)
+_disabled_reason: str | None = None
+# Programs by key, shared by every staged function and thread of the process; one lock per
+# key, so two threads that need one program export or load it once.
+_programs: dict[str, _Program | None] = {}
+_key_locks: dict[str, threading.Lock] = {}
+_counts = {"loaded": 0, "exported": 0, "uncacheable": 0, "failed": 0}
+
+
+def enable_program_cache(cache_dir: str | os.PathLike | None) -> str | None:
+    """Keep traced programs in ``cache_dir`` (created if missing); None turns the cache off.
+    ``OPL_RANK_PROGRAM_CACHE=0`` in the environment keeps it off whatever is passed.
+
+    Returns:
+      The directory in use, or None.
+    """
+    global _dir
+    if cache_dir is None or os.environ.get(PROGRAM_CACHE_ENV, "1") == "0":
+        _dir = None
+        return None
+    path = os.fspath(cache_dir)
+    os.makedirs(path, exist_ok=True)
+    _dir = path
+    return path
+
+
+def program_cache_dir() -> str | None:
+    """The directory in use, or None when the cache is off."""
+    return _dir
+
+
+def stats() -> dict[str, int]:
+    """Programs loaded from the cache, exported into it, uncacheable and failed, in this process."""
+    return dict(_counts)
+
+
+# --- what a program depends on ------------------------------------------------------------
+
+
+class _Unknown(Exception):
+    """An object whose effect on a traced program cannot be pinned down."""
+
+
+def _root(module: str | None) -> str:
+    return (module or "").split(".")[0]
+
+
+def _allowed_module(module: str | None) -> bool:
+    root = _root(module)
+    return root in _OWN_PACKAGES or root in _LIBRARIES or root in _BUILTIN_MODULES
+
+
+def _code(code: types.CodeType) -> str:
+    parts = [code.co_qualname, code.co_code.hex(), repr(code.co_names), repr(code.co_varnames)]
+    for const in code.co_consts:
+        parts.append(_code(const) if isinstance(const, types.CodeType) else repr(const))
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def fingerprint(obj: Any) -> str | None:
+    """A string that pins down what tracing ``obj`` (a function to stage) produces, given
+    this repository's sources and the libraries' versions; None when something it closes over
+    cannot be pinned down (user code, unknown objects): such a program is not cached."""
+    try:
+        return hashlib.sha256(_fp(obj, 0, ()).encode()).hexdigest()
+    except _Unknown as err:
+        log.debug("program cache: not cacheable (%s)", err)
+        return None
+
+
+def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one case per kind of object
+    if depth > 64:
+        raise _Unknown("nested too deeply")
+    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+        return f"{type(x).__name__}:{x!r}"
+    if id(x) in path:
+        raise _Unknown("a cycle")
+    path = (*path, id(x))
+    deeper = functools.partial(_fp, depth=depth + 1, path=path)
+    kind = type(x)
+    if isinstance(x, type):
+        if not _allowed_module(x.__module__):
+            raise _Unknown(f"class {x.__module__}.{x.__qualname__}")
+        return f"type:{x.__module__}.{x.__qualname__}"
+    if not _allowed_module(kind.__module__):
+        raise _Unknown(f"object of {kind.__module__}.{kind.__qualname__}")
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(x, enum.Enum):
+        return f"enum:{name}.{x.name}"
+    if isinstance(x, types.FunctionType):
+        if not _allowed_module(x.__module__):
+            raise _Unknown(f"function {x.__module__}.{x.__qualname__}")
+        cells = [c.cell_contents if _filled(c) else "<empty>" for c in (x.__closure__ or ())]
+        return (
+            f"fn:{x.__module__}.{x.__qualname__}:{_code(x.__code__)}"
+            f"({deeper(cells)};{deeper(x.__defaults__)};{deeper(x.__kwdefaults__)})"
+        )
+    if isinstance(x, types.MethodType):
+        return f"method:{deeper(x.__func__)}@{deeper(x.__self__)}"
+    if isinstance(x, types.BuiltinFunctionType):
+        module = getattr(x, "__module__", None) or getattr(getattr(x, "__self__", None), "__name__", None)
+        if not _allowed_module(module):
+            raise _Unknown(f"builtin {x!r}")
+        return f"builtin:{module}.{x.__qualname__}"
+    if isinstance(x, functools.partial):
+        return f"partial:{deeper(x.func)}({deeper(x.args)};{deeper(x.keywords)})"
+    if isinstance(x, np.ndarray | np.generic):
+        data = np.ascontiguousarray(x)
+        return f"ndarray:{data.dtype}{data.shape}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+    if isinstance(x, jax.Array):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return f"key:{jax.random.key_impl(x)}:{deeper(np.asarray(jax.random.key_data(x)))}"
+        return f"array:{deeper(np.asarray(x))}"
+    if isinstance(x, np.dtype):
+        return f"dtype:{x}"
+    if kind in (tuple, list):
+        return f"{kind.__name__}[{','.join(deeper(v) for v in x)}]"
+    if kind in (set, frozenset):
+        return f"{kind.__name__}{{{','.join(sorted(deeper(v) for v in x))}}}"
+    if kind is dict or (isinstance(x, dict) and _root(kind.__module__) in ("flax", "collections")):
+        items = sorted((deeper(k), deeper(v)) for k, v in x.items())
+        return f"dict:{name}{{{','.join(f'{k}={v}' for k, v in items)}}}"
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple (optax's transformations)
+        return f"nt:{name}({','.join(deeper(v) for v in x)})"
+    if dataclasses.is_dataclass(x):  # config objects, flax modules, registry entries
+        flax_module = _is_flax_module(x)
+        fields = []
+        for f in dataclasses.fields(x):
+            value = getattr(x, f.name, None)
+            if flax_module and f.name == "parent" and not _is_flax_module(value):
+                value = None  # an unbound module's parent is a sentinel
+            fields.append(f"{f.name}={deeper(value)}")
+        return f"dc:{name}({','.join(fields)})"
+    wrapped = getattr(x, "__wrapped__", None)
+    if wrapped is not None and _root(kind.__module__) in ("jax", "jaxlib"):  # jax.jit(f) and the like
+        return f"wrapped:{name}:{deeper(wrapped)}"
+    for attrs in (("fun", "fwd", "bwd", "nondiff_argnums"), ("fun", "jvp", "nondiff_argnums")):
+        if all(hasattr(x, a) for a in attrs) and _root(kind.__module__) == "jax":  # custom_vjp / custom_jvp
+            return f"custom:{name}:{deeper([getattr(x, a) for a in attrs])}"
+    raise _Unknown(f"object of {name}")
+
+
+def _tree_fp(treedef: Any) -> str:
+    """A pytree structure's node types and their static data, fingerprinted like closures (a
+    node's static data shapes the traced program as much as a closed-over value)."""
+    data = treedef.node_data()
+    if data is None:
+        return "*"
+    kind, aux = data
+    static = _tree_fp(aux) if isinstance(aux, jax.tree_util.PyTreeDef) else _fp(aux, 0, ())
+    return f"{_fp(kind, 0, ())}[{static}]({','.join(_tree_fp(c) for c in treedef.children())})"
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 -- an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _is_flax_module(x: Any) -> bool:
+    return any(_root(c.__module__) == "flax" and c.__name__ == "Module" for c in type(x).__mro__)
+
+
+def _package_dirs() -> list[str]:
+    dirs = []
+    for package in _OWN_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is not None:
+            dirs.extend(spec.submodule_search_locations or [])
+    return dirs
+
+
+def _source_files() -> list[str]:
+    files: list[str] = []
+    for top in _package_dirs():
+        for folder, subdirs, names in os.walk(top):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__pycache__")))
+            files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+    return files
+
+
+def _newest_mtime(files: list[str]) -> float:
+    return max((os.stat(f).st_mtime for f in files), default=0.0)
+
+
+def _check_sources() -> str | None:
+    """The own packages' source hash, or None (and the cache off) where a file changed after
+    this process started."""
+    global _sources, _disabled_reason
+    files = _source_files()
+    newest = _newest_mtime(files)
+    if newest > _STARTED:
+        _disabled_reason = "a source file changed after this process started"
+        return None
+    if _sources is None:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.encode())
+            with open(f, "rb") as fh:
+                h.update(hashlib.sha256(fh.read()).digest())
+        _sources = (h.hexdigest(), newest)
+    return _sources[0]
+
+
+def _environment() -> str:
+    from opl_rank import tuning
+
+    versions = []
+    for module in ("jax", "jaxlib", "flax", "optax", "numpy"):
+        versions.append(f"{module}={getattr(sys.modules.get(module), '__version__', '?')}")
+    settings = sorted((k, repr(v)) for k, v in jax.config.values.items())
+    tuned = sorted((k, repr(v)) for k, v in vars(tuning).items() if k.isupper())
+    device = jax.devices()[0]
+    return repr(
+        (
+            _FORMAT,
+            sys.version,
+            versions,
+            settings,
+            tuned,
+            os.environ.get("XLA_FLAGS", ""),
+            device.platform,
+            getattr(device, "device_kind", ""),
+        )
+    )
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(getattr(x, "dtype", np.float32), jax.dtypes.prng_key)
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...]:
+    out = []
+    for x in leaves:
+        aval = jax.typeof(x)
+        out.append((tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))))
+    return tuple(out)
+
+
+class _Program:
+    """One exported program: flat array arguments in, flat arrays out (PRNG keys as their
+    raw data at the boundary: ``jax.export`` serializes plain dtypes only)."""
+
+    def __init__(self, exported: Any, out_tree: Any, in_impls: list[str | None], out_impls: list[str | None]):
+        self.call = jax.jit(exported.call)
+        self.out_tree = out_tree
+        self.in_impls = in_impls
+        self.out_impls = out_impls
+
+    def __call__(self, leaves: list[Any]) -> Any:
+        flat = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, self.in_impls)]
+        out = self.call(*flat)
+        out = [x if impl is None else jax.random.wrap_key_data(x, impl=impl) for x, impl in zip(out, self.out_impls)]
+        return jax.tree.unflatten(self.out_tree, out)
+
+
+def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tuple[bytes, _Program]:
+    in_impls = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in leaves]
+    made: dict[str, Any] = {}
+
+    def flat_fn(*flat: Any) -> list[Any]:
+        args = [x if impl is None else jax.random.wrap_key_data(x, impl=impl) for x, impl in zip(flat, in_impls)]
+        out_leaves, made["out_tree"] = jax.tree.flatten(jitted(*jax.tree.unflatten(in_tree, args)))
+        made["out_impls"] = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in out_leaves]
+        return [jax.random.key_data(x) if _is_key(x) else x for x in out_leaves]
+
+    flat_in = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, in_impls)]
+    exported = jax.export.export(jax.jit(flat_fn))(*flat_in)
+    blob = pickle.dumps(
+        {"exported": exported.serialize(), "out_tree": made["out_tree"], "in": in_impls, "out": made["out_impls"]}
+    )
+    return blob, _Program(exported, made["out_tree"], in_impls, made["out_impls"])
+
+
+def _load(blob: bytes) -> _Program:
+    entry = pickle.loads(blob)  # noqa: S301 -- our own cache directory, written by _export
+    return _Program(jax.export.deserialize(entry["exported"]), entry["out_tree"], entry["in"], entry["out"])
+
+
+class _CachedProgram:
+    """``jitted`` with its programs kept in the program cache (see the module docstring)."""
+
+    def __init__(self, jitted: Callable[..., Any], fn: Any, salt: str):
+        self.jitted = jitted
+        self.fn = fn
+        self.salt = salt
+        self._fingerprint: str | None | bool = False  # False: not computed yet
+        self._programs: dict[Any, _Program | None] = {}
+        functools.update_wrapper(self, jitted)
+
+    def __call__(self, *args: Any) -> Any:
+        if _dir is None or _disabled_reason is not None or len(jax.devices()) != 1:
+            return self.jitted(*args)
+        leaves, in_tree = jax.tree.flatten(args)
+        signature = (in_tree, _signature(leaves))
+        if signature not in self._programs:
+            self._programs[signature] = self._program(leaves, in_tree, signature)
+        program = self._programs[signature]
+        return self.jitted(*args) if program is None else program(leaves)
+
+    def _program(self, leaves: list[Any], in_tree: Any, signature: Any) -> _Program | None:
+        if self._fingerprint is False:
+            self._fingerprint = fingerprint(self.fn)
+        try:
+            structure = _tree_fp(in_tree) if self._fingerprint is not None else None
+        except _Unknown as err:
+            log.debug("program cache: arguments not cacheable (%s)", err)
+            structure = None
+        if structure is None:
+            _counts["uncacheable"] += 1
+            return None
+        with _lock:
+            sources = _check_sources()
+        if sources is None or _dir is None:
+            return None
+        key = hashlib.sha256(
+            repr((self._fingerprint, self.salt, structure, signature[1], sources, _environment())).encode()
+        ).hexdigest()
+        with _lock:
+            key_lock = _key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in _programs:
+                _programs[key] = self._load_or_export(os.path.join(_dir, f"{key}.program"), leaves, in_tree)
+            return _programs[key]
+
+    def _load_or_export(self, path: str, leaves: list[Any], in_tree: Any) -> _Program | None:
+        try:
+            with open(path, "rb") as f:
+                program = _load(f.read())
+            _counts["loaded"] += 1
+            return program
+        except FileNotFoundError:
+            pass
+        except Exception as err:  # a damaged or foreign entry: export it again
+            log.debug("program cache: %s unreadable (%s)", path, err)
+        try:
+            blob, program = _export(self.jitted, leaves, in_tree)
+        except Exception as err:  # not exportable (a host callback, an unsupported op): trace as usual
+            log.debug("program cache: export failed (%s)", err)
+            _counts["failed"] += 1
+            return None
+        from opl_rank.io.atomic import atomic_write
+
+        with _lock:
+            if _check_sources() is not None:
+                try:
+                    atomic_write(path, lambda f: f.write(blob))
+                except OSError as err:  # a full or read-only disk costs only the saving
+                    log.debug("program cache: cannot write %s (%s)", path, err)
+        _counts["exported"] += 1
+        return program
+
+
+def cached_program(jitted: Callable[..., Any], fn: Any, salt: str = "") -> Callable[..., Any]:
+    """``jitted`` (``jax.jit`` of something built from ``fn``), with its traced programs kept
+    in the program cache while one is enabled; ``salt`` names how ``jitted`` was built from
+    ``fn`` (e.g. vmapped)."""
+    return _CachedProgram(jitted, fn, salt)

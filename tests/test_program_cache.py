@@ -1,0 +1,176 @@
+"""The program cache (opl_rank.program_cache): a later process loads a fit's traced programs
+and gets the same numbers, bit for bit; keys see closed-over values; user code, a source file
+changed after the process started and a damaged entry all fall back to tracing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from opl_rank import program_cache, staging
+from opl_rank.compilation_cache import CACHE_ENV, enable_compilation_cache
+from opl_rank.optimization import EpochLoop, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    """The program cache on, in a folder of its own, for one test (the process's state restored)."""
+    monkeypatch.setenv(program_cache.PROGRAM_CACHE_ENV, "1")
+    for name in ("_dir", "_disabled_reason", "_sources"):
+        monkeypatch.setattr(program_cache, name, getattr(program_cache, name))
+    monkeypatch.setattr(program_cache, "_programs", {})
+    monkeypatch.setattr(program_cache, "_counts", dict.fromkeys(program_cache._counts, 0))
+    path = tmp_path / "programs"
+    assert program_cache.enable_program_cache(path) == str(path)
+    return path
+
+
+def _loss(params, batch, key, aux):
+    return jnp.mean((batch @ params - 1.0) ** 2)
+
+
+def test_keys_see_closed_over_values_and_refuse_user_code():
+    def loop(learning_rate, loss=jnp.sum):
+        return EpochLoop.of(loss, TrainConfig(epochs=2, batch_size=8, learning_rate=learning_rate), 16)
+
+    first = program_cache.fingerprint(loop(0.05).run_chunk)
+    assert first is not None
+    assert program_cache.fingerprint(loop(0.05).run_chunk) == first  # equal settings, separate objects
+    assert program_cache.fingerprint(loop(0.1).run_chunk) != first  # the optimiser's closed-over rate
+    assert program_cache.fingerprint(jnp.sum) != program_cache.fingerprint(jnp.mean)
+    assert program_cache.fingerprint(jnp.ones(3)) != program_cache.fingerprint(jnp.array([1.0, 1.0, 2.0]))
+    # code outside the repository's packages and the pinned libraries cannot be keyed
+    assert program_cache.fingerprint(loop(0.05, loss=_loss).run_chunk) is None
+    assert program_cache.fingerprint(lambda x: x) is None
+
+
+def test_a_staged_program_is_exported_once_then_loaded(cache):
+    x = jnp.arange(12.0)
+    fresh = staging.stage.__wrapped__  # not the process's lru-cached stages
+    want = np.cumsum(np.arange(12.0))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(fresh(jnp.cumsum, False)(x))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(r, want) for r in results)
+    assert program_cache.stats()["exported"] == 1  # two threads, one export
+    assert len(list(cache.iterdir())) == 1
+    program_cache._programs.clear()  # as in a new process
+    assert np.array_equal(fresh(jnp.cumsum, False)(x), want)
+    assert program_cache.stats()["loaded"] == 1
+
+
+@jax.tree_util.register_pytree_node_class
+class _Box:
+    """A user's pytree node: its static data cannot be keyed."""
+
+    def __init__(self, x, tag="a"):
+        self.x, self.tag = x, tag
+
+    def tree_flatten(self):
+        return [self.x], self.tag
+
+    @classmethod
+    def tree_unflatten(cls, tag, leaves):
+        return cls(leaves[0], tag)
+
+
+def test_user_code_is_traced_as_usual(cache):
+    out = staging.stage.__wrapped__(_loss, False)(jnp.ones(3), jnp.ones((4, 3)), jax.random.key(0), None)
+    assert float(out) == 4.0
+    (leaf,) = staging.stage.__wrapped__(jax.tree.leaves, False)(_Box(jnp.ones(2)))  # a library function, a user node
+    assert np.array_equal(leaf, [1.0, 1.0])
+    assert program_cache.stats()["uncacheable"] == 2 and not any(cache.iterdir())
+
+
+def test_a_source_file_changed_after_start_turns_the_cache_off(cache, monkeypatch):
+    monkeypatch.setattr(program_cache, "_STARTED", 0.0)  # every file is newer than "the start"
+    assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(jnp.ones(4)), [1.0, 2.0, 3.0, 4.0])
+    assert program_cache.stats()["exported"] == 0 and not any(cache.iterdir())
+    assert "changed after this process started" in program_cache._disabled_reason
+
+
+def test_a_damaged_entry_is_exported_again(cache):
+    x = jnp.arange(5.0)
+    assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(x), np.cumsum(np.arange(5.0)))
+    (entry,) = cache.iterdir()
+    entry.write_bytes(b"not a program")
+    program_cache._programs.clear()
+    assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(x), np.cumsum(np.arange(5.0)))
+    assert program_cache.stats()["exported"] == 2
+    program_cache._programs.clear()
+    staging.stage.__wrapped__(jnp.cumsum, False)(x)
+    assert program_cache.stats()["loaded"] == 1  # the entry was written again, whole
+
+
+def test_the_compilation_cache_switch_turns_programs_on_beside_it(monkeypatch):
+    here = os.environ[CACHE_ENV]  # conftest's compilation cache: JAX's setting does not change
+    if not here:
+        pytest.skip("the compilation cache is off in this run")
+    monkeypatch.setattr(program_cache, "_dir", program_cache._dir)
+    monkeypatch.setenv(program_cache.PROGRAM_CACHE_ENV, "1")
+    enable_compilation_cache(here)
+    assert program_cache.program_cache_dir() == os.path.join(here, "programs")
+    enable_compilation_cache(here, programs=False)
+    assert program_cache.program_cache_dir() is None
+    monkeypatch.setenv(program_cache.PROGRAM_CACHE_ENV, "0")
+    enable_compilation_cache(here)
+    assert program_cache.program_cache_dir() is None
+
+
+# One R-POD fit (a reward model, a two-stage policy, PRNG keys through every stage) and its
+# true value; the program cache's counts.
+FIT_SCRIPT = """
+import json, sys
+from opl_rank import make_key, program_cache
+from opl_rank.compilation_cache import enable_compilation_cache
+from opl_rank.opl.learners import LearnerConfig, fit
+from opl_rank.optimization import TrainConfig
+from simulators import SyntheticRankingEnv
+enable_compilation_cache(sys.argv[1])
+env = SyntheticRankingEnv.create(make_key(0), n_items=5, ranking_length=3, lam=0.5)
+data = env.sample_logged_data(make_key(1), 200)
+train = TrainConfig(epochs=2, batch_size=64, learning_rate=0.05)
+policy = fit(data, make_key(2), LearnerConfig("rpod", k=1, train=train, reward_train=train, n_samples=4))
+value = env.policy_value(policy, make_key(3), 2000)
+print(json.dumps({"value": repr(value.value), "stderr": repr(value.stderr), **program_cache.stats()}))
+"""
+
+
+def _fit_run(cache_dir: Path, programs: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != CACHE_ENV}
+    env.update(PYTHONPATH=str(ROOT), **{program_cache.PROGRAM_CACHE_ENV: programs})
+    proc = subprocess.run(
+        [sys.executable, "-c", FIT_SCRIPT, str(cache_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_later_process_loads_a_fits_programs_and_gets_the_same_numbers(tmp_path):
+    cold = _fit_run(tmp_path, "1")
+    warm = _fit_run(tmp_path, "1")
+    assert cold["exported"] > 0 and cold["loaded"] == 0 and cold["failed"] == cold["uncacheable"] == 0
+    assert warm["loaded"] == cold["exported"] and warm["exported"] == 0
+    assert len(list((tmp_path / "programs").iterdir())) == cold["exported"]
+    plain = _fit_run(tmp_path / "off", "0")  # traced as usual
+    assert plain["exported"] == plain["loaded"] == 0
+    assert cold["value"] == warm["value"] == plain["value"] and cold["stderr"] == warm["stderr"] == plain["stderr"]
