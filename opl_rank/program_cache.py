@@ -4,31 +4,37 @@ JAX's persistent compilation cache ([`opl_rank.compilation_cache`][opl_rank.comp
 keeps XLA's executables, but a new process still traces every training chunk to a jaxpr and
 lowers it to StableHLO before it can look the executable up: about 4 s of the small preset's
 warm run, all of it Python holding the interpreter lock (docs/performance.md §26). This cache
-keeps each program of a fit's stages ([`opl_rank.staging.stage`][opl_rank.staging.stage]) as a
-serialized ``jax.export.Exported`` and calls it in later processes; XLA then compiles it (a
-persistent-cache hit where that cache is on).
+keeps each program of a fit's stages ([`opl_rank.staging.stage`][opl_rank.staging.stage]) and of
+the functions compiled with [`cached_jit`][cached_jit] as a serialized ``jax.export.Exported``
+and calls it in later processes; XLA then compiles it (a persistent-cache hit where that cache
+is on).
 
 **A program is only ever reused for the code that made it.** Its key hashes
 
-* the function and everything it closes over, recursively ([`fingerprint`][fingerprint]):
-  code objects, closed-over values (numbers, strings, arrays by content, dataclasses and named
-  tuples field by field, flax modules, optax transformations). A function or object it does
-  not understand -- any code outside this repository's packages and jax, flax, optax, numpy --
-  makes the program uncacheable: it is traced as usual;
-* the source files of ``opl_rank``, ``simulators`` and ``experiments``, the versions of Python,
-  jax, jaxlib, flax, optax and numpy, JAX's configuration, ``XLA_FLAGS``, the backend and
-  [`opl_rank.tuning`][opl_rank.tuning]'s values;
+* the function and everything it closes over, recursively ([`fingerprint`][fingerprint], again
+  for every new argument signature): code objects, closed-over values (numbers, strings, arrays
+  by content and weak type, dataclasses and named tuples field by field, flax modules, optax
+  transformations). A function or object it does not understand -- any code outside this
+  repository's packages and jax, flax, optax, numpy -- makes the program uncacheable: it is
+  traced as usual;
+* the contents of the source files of ``opl_rank``, ``simulators`` and ``experiments``, the
+  versions of Python, jax, jaxlib, flax, optax, numpy, ml_dtypes and chex, JAX's configuration
+  (as it is at the call), ``XLA_FLAGS``, the platform and [`opl_rank.tuning`][opl_rank.tuning]'s
+  values;
 * the arguments' tree structure (node types and their static data, fingerprinted the same way),
-  shapes and dtypes.
+  shapes, dtypes and weak types, and the static arguments.
 
-If any of those source files changed after this process started (its running code may then
-differ from the files), the cache stops being used for the rest of the process. Cached or not,
-a program computes the same values: the first process runs the exported program too, so a
-warm run's results equal the cold run's bit for bit (tested).
+If a source file's content changed since this process imported the library, or a function of
+its modules was replaced by outside code (a monkeypatch), the cache stops being used for the
+rest of the process: the running code may then differ from the files. Calls inside another
+transformation (``vmap``, ``grad``) and programs with weakly typed outputs are traced as usual.
+Cached or not, a program computes the same values: the first process runs the exported program
+too, so a warm run's results equal the cold run's bit for bit (tested).
 
 The ``opl-rank`` command turns it on next to the compilation cache
 (``<compilation cache>/programs``); ``OPL_RANK_PROGRAM_CACHE=0`` turns it off. The library never
-turns it on by itself: [`enable_program_cache`][enable_program_cache].
+turns it on by itself: [`enable_compilation_cache`][opl_rank.compilation_cache.enable_compilation_cache]
+does, or [`enable_program_cache`][enable_program_cache].
 """
 
 from __future__ import annotations
@@ -37,13 +43,12 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import importlib.util
+import inspect
 import logging
 import os
 import pickle
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +56,15 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["PROGRAM_CACHE_ENV", "enable_program_cache", "program_cache_dir", "fingerprint", "cached_program", "stats"]
+__all__ = [
+    "PROGRAM_CACHE_ENV",
+    "enable_program_cache",
+    "program_cache_dir",
+    "fingerprint",
+    "cached_program",
+    "cached_jit",
+    "stats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +74,9 @@ _OWN_PACKAGES = ("opl_rank", "simulators", "experiments")
 # Libraries whose code is pinned by their version (part of every key).
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "chex")
 _BUILTIN_MODULES = ("builtins", "functools", "operator", "math", "typing", "abc", "collections", "enum")
-_STARTED = time.time()  # source files modified after this: the running code may not match them
 
 _lock = threading.Lock()
 _dir: str | None = None
-_sources: tuple[str, float] | None = None  # (hash of the own packages' sources, newest mtime)
 _disabled_reason: str | None = None
 # Programs by key, shared by every staged function and thread of the process; one lock per
 # key, so two threads that need one program export or load it once.
@@ -94,6 +105,11 @@ def enable_program_cache(cache_dir: str | os.PathLike | None) -> str | None:
 def program_cache_dir() -> str | None:
     """The directory in use, or None when the cache is off."""
     return _dir
+
+
+def _count(name: str) -> None:
+    with _lock:
+        _counts[name] += 1
 
 
 def stats() -> dict[str, int]:
@@ -138,7 +154,7 @@ def fingerprint(obj: Any) -> str | None:
 def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one case per kind of object
     if depth > 64:
         raise _Unknown("nested too deeply")
-    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+    if x is None or type(x) in (bool, int, float, complex, str, bytes):  # exact types: a subclass is user code
         return f"{type(x).__name__}:{x!r}"
     if id(x) in path:
         raise _Unknown("a cycle")
@@ -155,8 +171,9 @@ def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one 
     if isinstance(x, enum.Enum):
         return f"enum:{name}.{x.name}"
     if isinstance(x, types.FunctionType):
-        if not _allowed_module(x.__module__):
-            raise _Unknown(f"function {x.__module__}.{x.__qualname__}")
+        defined_in = x.__globals__.get("__name__")  # not __module__, which functools.wraps copies
+        if not _allowed_module(defined_in):
+            raise _Unknown(f"function {defined_in}.{x.__qualname__}")
         cells = [c.cell_contents if _filled(c) else "<empty>" for c in (x.__closure__ or ())]
         return (
             f"fn:{x.__module__}.{x.__qualname__}:{_code(x.__code__)}"
@@ -177,7 +194,7 @@ def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one 
     if isinstance(x, jax.Array):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             return f"key:{jax.random.key_impl(x)}:{deeper(np.asarray(jax.random.key_data(x)))}"
-        return f"array:{deeper(np.asarray(x))}"
+        return f"array:{x.weak_type}:{deeper(np.asarray(x))}"
     if isinstance(x, np.dtype):
         return f"dtype:{x}"
     if kind in (tuple, list):
@@ -185,7 +202,7 @@ def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one 
     if kind in (set, frozenset):
         return f"{kind.__name__}{{{','.join(sorted(deeper(v) for v in x))}}}"
     if kind is dict or (isinstance(x, dict) and _root(kind.__module__) in ("flax", "collections")):
-        items = sorted((deeper(k), deeper(v)) for k, v in x.items())
+        items = [(deeper(k), deeper(v)) for k, v in x.items()]  # in order: code may iterate them
         return f"dict:{name}{{{','.join(f'{k}={v}' for k, v in items)}}}"
     if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple (optax's transformations)
         return f"nt:{name}({','.join(deeper(v) for v in x)})"
@@ -231,51 +248,62 @@ def _is_flax_module(x: Any) -> bool:
 
 
 def _package_dirs() -> list[str]:
-    dirs = []
-    for package in _OWN_PACKAGES:
-        spec = importlib.util.find_spec(package)
-        if spec is not None:
-            dirs.extend(spec.submodule_search_locations or [])
-    return dirs
+    """``opl_rank`` and, beside it in this repository, ``simulators`` and ``experiments``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    parent = os.path.dirname(here)
+    return [here] + [os.path.join(parent, p) for p in _OWN_PACKAGES[1:] if os.path.isdir(os.path.join(parent, p))]
 
 
-def _source_files() -> list[str]:
-    files: list[str] = []
+def _hash_sources() -> str:
+    """A hash of every ``.py`` file of the own packages (names and contents; about 3 ms)."""
+    h = hashlib.sha256()
     for top in _package_dirs():
         for folder, subdirs, names in os.walk(top):
             subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__pycache__")))
-            files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
-    return files
+            for name in sorted(n for n in names if n.endswith(".py")):
+                path = os.path.join(folder, name)
+                h.update(os.path.relpath(path, os.path.dirname(top)).encode())
+                try:
+                    with open(path, "rb") as f:
+                        h.update(hashlib.sha256(f.read()).digest())
+                except OSError:
+                    h.update(b"<unreadable>")
+    return h.hexdigest()
 
 
-def _newest_mtime(files: list[str]) -> float:
-    return max((os.stat(f).st_mtime for f in files), default=0.0)
+def _patched_function() -> str | None:
+    """A function of code outside the pinned packages bound in one of the own modules (a
+    monkeypatch, as tests do): the running code is then not what the files say."""
+    for name, module in list(sys.modules.items()):
+        if _root(name) not in _OWN_PACKAGES or module is None:
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType):
+                defined_in = value.__globals__.get("__name__")  # decorators' wrappers: the standard library
+                if not _allowed_module(defined_in) and _root(defined_in) not in sys.stdlib_module_names:
+                    return f"{name}.{attr}"
+    return None
 
 
 def _check_sources() -> str | None:
-    """The own packages' source hash, or None (and the cache off) where a file changed after
-    this process started."""
-    global _sources, _disabled_reason
-    files = _source_files()
-    newest = _newest_mtime(files)
-    if newest > _STARTED:
-        _disabled_reason = "a source file changed after this process started"
+    """The own packages' source hash, or None -- and the cache off for the rest of the
+    process -- where a file's content changed since this process imported this module, or a
+    module's function was replaced by outside code (the running code may not match the key)."""
+    global _disabled_reason
+    if _disabled_reason is not None:
         return None
-    if _sources is None:
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.encode())
-            with open(f, "rb") as fh:
-                h.update(hashlib.sha256(fh.read()).digest())
-        _sources = (h.hexdigest(), newest)
-    return _sources[0]
+    if _hash_sources() != _SOURCES_AT_START:
+        _disabled_reason = "a source file of opl_rank, simulators or experiments changed after this process started"
+    elif (patched := _patched_function()) is not None:
+        _disabled_reason = f"{patched} was replaced by code outside the library"
+    return None if _disabled_reason is not None else _SOURCES_AT_START
 
 
 def _environment() -> str:
     from opl_rank import tuning
 
     versions = []
-    for module in ("jax", "jaxlib", "flax", "optax", "numpy"):
+    for module in ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes", "chex"):
         versions.append(f"{module}={getattr(sys.modules.get(module), '__version__', '?')}")
     settings = sorted((k, repr(v)) for k, v in jax.config.values.items())
     tuned = sorted((k, repr(v)) for k, v in vars(tuning).items() if k.isupper())
@@ -326,7 +354,15 @@ class _Program:
         return jax.tree.unflatten(self.out_tree, out)
 
 
-def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tuple[bytes, _Program]:
+def _platform(leaves: list[Any]) -> str:
+    """The platform the arguments live on (the default backend's for none)."""
+    for x in leaves:
+        if isinstance(x, jax.Array):
+            return next(iter(x.devices())).platform
+    return jax.default_backend()
+
+
+def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any, platform: str) -> tuple[bytes, _Program]:
     in_impls = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in leaves]
     made: dict[str, Any] = {}
 
@@ -337,7 +373,10 @@ def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tupl
         return [jax.random.key_data(x) if _is_key(x) else x for x in out_leaves]
 
     flat_in = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, in_impls)]
-    exported = jax.export.export(jax.jit(flat_fn))(*flat_in)
+    exported = jax.export.export(jax.jit(flat_fn), platforms=[platform])(*flat_in)
+    if any(getattr(aval, "weak_type", False) for aval in exported.out_avals):
+        # a deserialized program's outputs lose their weak types, which later arithmetic reads
+        raise ValueError("weakly typed outputs are not kept")
     blob = pickle.dumps(
         {"exported": exported.serialize(), "out_tree": made["out_tree"], "in": in_impls, "out": made["out_impls"]}
     )
@@ -350,66 +389,118 @@ def _load(blob: bytes) -> _Program:
 
 
 class _CachedProgram:
-    """``jitted`` with its programs kept in the program cache (see the module docstring)."""
+    """``jitted`` with its programs kept in the program cache (see the module docstring).
 
-    def __init__(self, jitted: Callable[..., Any], fn: Any, salt: str):
+    ``static_argnames`` are ``jitted``'s static arguments (``jax.jit``'s): part of the key, by
+    their fingerprint; the other arguments are the program's (as positional arguments)."""
+
+    def __init__(self, jitted: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = ()):
         self.jitted = jitted
         self.fn = fn
         self.salt = salt
+        self.static_argnames = static_argnames
+        self._parameters = inspect.signature(fn).parameters if static_argnames else None
         self._fingerprint: str | None | bool = False  # False: not computed yet
         self._programs: dict[Any, _Program | None] = {}
         functools.update_wrapper(self, jitted)
 
-    def __call__(self, *args: Any) -> Any:
-        if _dir is None or _disabled_reason is not None or len(jax.devices()) != 1:
-            return self.jitted(*args)
-        leaves, in_tree = jax.tree.flatten(args)
-        signature = (in_tree, _signature(leaves))
-        if signature not in self._programs:
-            self._programs[signature] = self._program(leaves, in_tree, signature)
-        program = self._programs[signature]
-        return self.jitted(*args) if program is None else program(leaves)
+    def __getattr__(self, name: str) -> Any:  # the jitted function's own methods (_cache_size, lower, ...)
+        return getattr(self.jitted, name)
 
-    def _program(self, leaves: list[Any], in_tree: Any, signature: Any) -> _Program | None:
-        if self._fingerprint is False:
-            self._fingerprint = fingerprint(self.fn)
+    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """(the program's arguments, the static ones), or None where the call does not fit
+        that split (variadic parameters, a keyword-only array argument)."""
+        if self._parameters is None:
+            return (args, {}) if not kwargs else None
         try:
-            structure = _tree_fp(in_tree) if self._fingerprint is not None else None
+            bound = inspect.Signature(list(self._parameters.values())).bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        dynamic, static = [], {}
+        for name, parameter in self._parameters.items():
+            if parameter.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+                return None  # called by name below
+            if name in self.static_argnames:
+                static[name] = bound.arguments[name]
+            else:
+                dynamic.append(bound.arguments[name])
+        return tuple(dynamic), static
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cache_dir = _dir
+        if cache_dir is None or _disabled_reason is not None or len(jax.devices()) != 1:
+            return self.jitted(*args, **kwargs)
+        split = self._split(args, kwargs)
+        if split is None:
+            return self.jitted(*args, **kwargs)
+        dynamic, static = split
+        leaves, in_tree = jax.tree.flatten(dynamic)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside another transformation
+            return self.jitted(*args, **kwargs)
+        platform = _platform(leaves)
+        # JAX's settings are in the key, as jax.jit's own cache has them (``with jax.enable_x64()``)
+        signature = (in_tree, _signature(leaves), tuple(static.items()), platform, _environment())
+        if signature not in self._programs:
+            self._programs[signature] = self._program(cache_dir, leaves, in_tree, signature, static, platform)
+        program = self._programs[signature]
+        if program is not None:
+            try:
+                return program(leaves)
+            except Exception as err:  # a use the exported program does not support: trace as usual
+                log.debug("program cache: calling the exported program failed (%s)", err)
+                self._programs[signature] = None
+        return self.jitted(*args, **kwargs)
+
+    def _program(
+        self, cache_dir: str, leaves: list[Any], in_tree: Any, signature: Any, static: dict[str, Any], platform: str
+    ) -> _Program | None:
+        fingerprinted = fingerprint(self.fn)  # again for every new signature: closures can change
+        try:
+            structure = None if fingerprinted is None else _tree_fp(in_tree) + _fp(static, 0, ())
         except _Unknown as err:
             log.debug("program cache: arguments not cacheable (%s)", err)
             structure = None
         if structure is None:
-            _counts["uncacheable"] += 1
+            _count("uncacheable")
             return None
         with _lock:
             sources = _check_sources()
-        if sources is None or _dir is None:
+        if sources is None:
             return None
-        key = hashlib.sha256(
-            repr((self._fingerprint, self.salt, structure, signature[1], sources, _environment())).encode()
-        ).hexdigest()
+        key = hashlib.sha256(repr((fingerprinted, self.salt, structure, signature[1:], sources)).encode()).hexdigest()
         with _lock:
             key_lock = _key_locks.setdefault(key, threading.Lock())
         with key_lock:
             if key not in _programs:
-                _programs[key] = self._load_or_export(os.path.join(_dir, f"{key}.program"), leaves, in_tree)
+                path = os.path.join(cache_dir, f"{key}.program")
+                _programs[key] = self._load_or_export(path, self._with_static(static), leaves, in_tree, platform)
             return _programs[key]
 
-    def _load_or_export(self, path: str, leaves: list[Any], in_tree: Any) -> _Program | None:
+    def _with_static(self, static: dict[str, Any]) -> Callable[..., Any]:
+        """``jitted`` as a function of the program's arguments only (by name where some are static)."""
+        if self._parameters is None:
+            return self.jitted
+        names = [name for name in self._parameters if name not in static]
+        return lambda *dynamic: self.jitted(**dict(zip(names, dynamic)), **static)
+
+    def _load_or_export(
+        self, path: str, call: Callable[..., Any], leaves: list[Any], in_tree: Any, platform: str
+    ) -> _Program | None:
         try:
             with open(path, "rb") as f:
                 program = _load(f.read())
-            _counts["loaded"] += 1
+            _count("loaded")
             return program
         except FileNotFoundError:
             pass
         except Exception as err:  # a damaged or foreign entry: export it again
             log.debug("program cache: %s unreadable (%s)", path, err)
         try:
-            blob, program = _export(self.jitted, leaves, in_tree)
+            blob, program = _export(call, leaves, in_tree, platform)
         except Exception as err:  # not exportable (a host callback, an unsupported op): trace as usual
             log.debug("program cache: export failed (%s)", err)
-            _counts["failed"] += 1
+            _count("failed")
             return None
         from opl_rank.io.atomic import atomic_write
 
@@ -419,7 +510,7 @@ class _CachedProgram:
                     atomic_write(path, lambda f: f.write(blob))
                 except OSError as err:  # a full or read-only disk costs only the saving
                     log.debug("program cache: cannot write %s (%s)", path, err)
-        _counts["exported"] += 1
+        _count("exported")
         return program
 
 
@@ -428,3 +519,15 @@ def cached_program(jitted: Callable[..., Any], fn: Any, salt: str = "") -> Calla
     in the program cache while one is enabled; ``salt`` names how ``jitted`` was built from
     ``fn`` (e.g. vmapped)."""
     return _CachedProgram(jitted, fn, salt)
+
+
+def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[str, ...] = ()) -> Any:
+    """``jax.jit(fn, static_argnames=...)`` with its traced programs kept in the program cache
+    while one is enabled (a decorator, with or without arguments)."""
+    if fn is None:
+        return functools.partial(cached_jit, static_argnames=static_argnames)
+    return _CachedProgram(jax.jit(fn, static_argnames=static_argnames), fn, "jit", tuple(static_argnames))
+
+
+# The sources as this process imports them (opl_rank imports this module among its first).
+_SOURCES_AT_START = _hash_sources()

@@ -20,6 +20,7 @@ from opl_rank import memory
 from opl_rank.opl.policies import MIN_MARGINAL, compiled_sample
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
+from opl_rank.program_cache import cached_jit
 
 __all__ = [
     "GroundTruthRewards",
@@ -60,7 +61,7 @@ def chunk_rows(floats_per_row: int) -> int:
     return int(min(65536, max(256, 2 ** int(np.log2(max(1, (2**21) // floats_per_row))))))
 
 
-@functools.partial(jax.jit, static_argnames=("n_slots", "position_marginals"))
+@cached_jit(static_argnames=("n_slots", "position_marginals"))
 def _logged_chunk(reward_model, key, context, logits, *, n_slots, position_marginals):
     """One chunk: PL rankings, prefix log-propensities, rewards, optional marginals."""
     k_rank, k_reward = jax.random.split(key)

@@ -4,6 +4,7 @@ changed after the process started and a damaged entry all fall back to tracing."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cache(monkeypatch, tmp_path):
     """The program cache on, in a folder of its own, for one test (the process's state restored)."""
     monkeypatch.setenv(program_cache.PROGRAM_CACHE_ENV, "1")
-    for name in ("_dir", "_disabled_reason", "_sources"):
+    for name in ("_dir", "_disabled_reason", "_SOURCES_AT_START"):
         monkeypatch.setattr(program_cache, name, getattr(program_cache, name))
     monkeypatch.setattr(program_cache, "_programs", {})
     monkeypatch.setattr(program_cache, "_counts", dict.fromkeys(program_cache._counts, 0))
@@ -53,6 +54,32 @@ def test_keys_see_closed_over_values_and_refuse_user_code():
     # code outside the repository's packages and the pinned libraries cannot be keyed
     assert program_cache.fingerprint(loop(0.05, loss=_loss).run_chunk) is None
     assert program_cache.fingerprint(lambda x: x) is None
+
+
+def test_disguises_weak_types_and_settings_are_keyed():
+    @functools.wraps(jnp.cumsum)  # claims jax.numpy's __module__; runs in this module's globals
+    def disguised(x):
+        return jnp.cumsum(x) * 2.0
+
+    assert program_cache.fingerprint(disguised) is None
+    weak, strong = jnp.asarray(1.0), jnp.asarray(np.float32(1.0))
+    assert weak.weak_type and not strong.weak_type
+    assert program_cache.fingerprint(functools.partial(jnp.where, True, weak)) != program_cache.fingerprint(
+        functools.partial(jnp.where, True, strong)
+    )
+    plain = program_cache._environment()
+    with jax.enable_x64(True):
+        assert program_cache._environment() != plain
+
+
+def test_a_closure_changed_between_calls_gets_its_own_program(cache):
+    total = functools.partial(jnp.sum, axis=0)
+    staged = staging.stage.__wrapped__(total, False)
+    assert staged(jnp.ones((4, 5))).shape == (5,)
+    total.keywords["axis"] = 1  # the same object, another program from here on
+    assert staged(jnp.ones((4, 6))).shape == (4,)
+    program_cache._programs.clear()  # a new process with the first closure again
+    assert staging.stage.__wrapped__(functools.partial(jnp.sum, axis=0), False)(jnp.ones((4, 6))).shape == (6,)
 
 
 def test_a_staged_program_is_exported_once_then_loaded(cache):
@@ -88,6 +115,19 @@ class _Box:
         return cls(leaves[0], tag)
 
 
+def test_static_arguments_are_part_of_the_key(cache):
+    cumsum = program_cache.cached_jit(jnp.cumsum, static_argnames=("axis",))
+    x = jnp.arange(6.0).reshape(2, 3)
+    for axis in (0, 1, 0):
+        assert np.array_equal(cumsum(x, axis=axis), np.cumsum(np.arange(6.0).reshape(2, 3), axis=axis))
+    assert program_cache.stats()["exported"] == 2 and len(list(cache.iterdir())) == 2
+    program_cache._programs.clear()
+    fresh = program_cache.cached_jit(jnp.cumsum, static_argnames=("axis",))
+    assert np.array_equal(fresh(x, 1), np.cumsum(np.arange(6.0).reshape(2, 3), axis=1))  # positional static too
+    assert program_cache.stats()["loaded"] == 1
+    assert fresh._cache_size() == 0  # the jitted function's own methods are there; it never traced
+
+
 def test_user_code_is_traced_as_usual(cache):
     out = staging.stage.__wrapped__(_loss, False)(jnp.ones(3), jnp.ones((4, 3)), jax.random.key(0), None)
     assert float(out) == 4.0
@@ -97,10 +137,29 @@ def test_user_code_is_traced_as_usual(cache):
 
 
 def test_a_source_file_changed_after_start_turns_the_cache_off(cache, monkeypatch):
-    monkeypatch.setattr(program_cache, "_STARTED", 0.0)  # every file is newer than "the start"
+    monkeypatch.setattr(program_cache, "_SOURCES_AT_START", "the sources as another version had them")
     assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(jnp.ones(4)), [1.0, 2.0, 3.0, 4.0])
     assert program_cache.stats()["exported"] == 0 and not any(cache.iterdir())
     assert "changed after this process started" in program_cache._disabled_reason
+
+
+def test_a_library_function_replaced_by_outside_code_turns_the_cache_off(cache, monkeypatch):
+    from opl_rank import metrics
+
+    monkeypatch.setattr(metrics, "dcg_position_weights", lambda n: jnp.ones(n))  # as a test's monkeypatch
+    assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(jnp.ones(2)), [1.0, 2.0])
+    assert not any(cache.iterdir())
+    assert "opl_rank.metrics.dcg_position_weights" in program_cache._disabled_reason
+
+
+def test_transformed_and_weakly_typed_uses_are_traced_as_usual(cache):
+    staged = staging.stage.__wrapped__(jnp.cumsum, False)
+    rows = jnp.arange(6.0).reshape(2, 3)
+    assert np.array_equal(jax.vmap(staged)(rows), np.cumsum(np.arange(6.0).reshape(2, 3), axis=1))  # tracers
+    assert not any(cache.iterdir())
+    weak = staging.stage.__wrapped__(jnp.sinc, False)(0.0)  # a Python scalar: a weakly typed result
+    assert float(weak) == 1.0 and weak.weak_type  # as jax.jit gives it
+    assert program_cache.stats()["failed"] == 1 and not any(cache.iterdir())
 
 
 def test_a_damaged_entry_is_exported_again(cache):

@@ -30,6 +30,7 @@ from opl_rank.data import LoggedData
 from opl_rank.opl.estimators import Propensities
 from opl_rank.pl import marginals
 from opl_rank.pl import plackett_luce as pl
+from opl_rank.program_cache import cached_jit
 
 __all__ = [
     "RankingPolicy",
@@ -485,7 +486,7 @@ def _two_stage_head(policy: TwoStagePolicy, data: LoggedData, slot_marginals: bo
 _beyond_k_marginals = jax.jit(TwoStagePolicy._beyond_k_marginals, static_argnames=("n_prefixes",))
 
 
-@functools.partial(jax.jit, static_argnames=("slot_marginals",))
+@cached_jit(static_argnames=("slot_marginals",))
 def _compiled_propensities(policy, data, key, slot_marginals):
     return policy.propensities(data, key, slot_marginals=slot_marginals)
 
@@ -503,7 +504,7 @@ def compiled_propensities(
     return policy.propensities(data, key, slot_marginals=slot_marginals)
 
 
-@jax.jit
+@cached_jit
 def _compiled_sample(policy, key, context, where):
     return policy.sample(key, context, where=where)
 
