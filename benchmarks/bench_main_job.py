@@ -137,23 +137,17 @@ def child(scenario: str, out_dir: str, backend: str | None = None) -> dict[str, 
         enter("quickstart")
         exec(compile(code, "README.md:Quickstart", "exec"), {"__name__": "__quickstart__"})
     else:
-        import experiments.opl_sweep as opl_sweep
-        from experiments import cli
+        from experiments import cli, progress
 
-        run_group = opl_sweep.run_group
+        def observe(label: str | None) -> None:
+            """A cell group's step starts on this thread (None: the group is done; the main
+            thread goes on with the sweep's own work: cell files, tables, plots)."""
+            if label is None:
+                label = "main thread outside cells" if threading.current_thread() is threading.main_thread() else None
+            enter(label)
 
-        def traced_run_group(sweep, group, *, on_step=None, on_epoch=None):
-            def step(label: str) -> None:
-                enter(label)
-                if on_step is not None:
-                    on_step(label)
-
-            try:
-                return run_group(sweep, group, on_step=step, on_epoch=on_epoch)
-            finally:  # the main thread goes on with the sweep's own work (cell files, tables, plots)
-                enter("main thread outside cells" if threading.current_thread() is threading.main_thread() else None)
-
-        opl_sweep.run_group = traced_run_group
+        # an observer, not a wrapper of the sweep's functions: wrapping one turns the program cache off
+        progress.STEP_OBSERVERS.append(observe)
         enter("main thread outside cells")
         code = cli.main(sweep_argv(scenario, out_dir, backend))  # with progress, as a user runs it
         if code not in (0, None):

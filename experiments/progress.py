@@ -121,6 +121,13 @@ def bar(
     )
 
 
+#: Observers of every cell group's steps, for timing (``benchmarks/bench_main_job.py``): each is
+#: called on the running thread with a step's label as it starts, and with None when the group's
+#: last step is done. A hook instead of wrapping the sweep's functions, which would turn the
+#: program cache off (``opl_rank.program_cache``: library functions replaced by outside code).
+STEP_OBSERVERS: list[Callable[[str | None], None]] = []
+
+
 class Steps:
     """``steps(label)``: the previous step of ``bar`` is done, ``label`` runs now (shown as the
     bar's postfix). ``steps.done()`` completes the last one."""
@@ -131,6 +138,8 @@ class Steps:
         self.label = ""
 
     def __call__(self, label: str) -> None:
+        for observe in STEP_OBSERVERS:
+            observe(label)
         self.label = label
         self.bar.set_postfix_str(label, refresh=False)
         if self.started:
@@ -157,6 +166,8 @@ class Steps:
         return show
 
     def done(self) -> None:
+        for observe in STEP_OBSERVERS:
+            observe(None)
         if self.started:
             self.bar.update(1)
             self.started = False

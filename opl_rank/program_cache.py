@@ -271,17 +271,30 @@ def _hash_sources() -> str:
     return h.hexdigest()
 
 
+def _outside(module: str | None) -> bool:
+    return not _allowed_module(module) and _root(module) not in sys.stdlib_module_names
+
+
 def _patched_function() -> str | None:
-    """A function of code outside the pinned packages bound in one of the own modules (a
-    monkeypatch, as tests do): the running code is then not what the files say."""
+    """A function or callable of code outside the pinned packages (and the standard library, where
+    decorators' wrappers live) bound in one of the own modules -- a monkeypatch, as tests do: the
+    running code is then not what the files say."""
     for name, module in list(sys.modules.items()):
         if _root(name) not in _OWN_PACKAGES or module is None:
             continue
         for attr, value in list(vars(module).items()):
+            while isinstance(value, functools.partial):
+                value = value.func
             if isinstance(value, types.FunctionType):
-                defined_in = value.__globals__.get("__name__")  # decorators' wrappers: the standard library
-                if not _allowed_module(defined_in) and _root(defined_in) not in sys.stdlib_module_names:
-                    return f"{name}.{attr}"
+                replaced = _outside(value.__globals__.get("__name__"))
+            else:
+                replaced = (
+                    callable(value)
+                    and not isinstance(value, type | types.ModuleType)
+                    and _outside(type(value).__module__)
+                )
+            if replaced:
+                return f"{name}.{attr}"
     return None
 
 

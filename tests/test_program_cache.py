@@ -150,6 +150,9 @@ def test_a_library_function_replaced_by_outside_code_turns_the_cache_off(cache, 
     assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(jnp.ones(2)), [1.0, 2.0])
     assert not any(cache.iterdir())
     assert "opl_rank.metrics.dcg_position_weights" in program_cache._disabled_reason
+    monkeypatch.setattr(program_cache, "_disabled_reason", None)
+    monkeypatch.setattr(metrics, "dcg_position_weights", functools.partial(_loss, jnp.ones(2)))  # as a partial
+    assert program_cache._patched_function() == "opl_rank.metrics.dcg_position_weights"
 
 
 def test_transformed_and_weakly_typed_uses_are_traced_as_usual(cache):
