@@ -40,6 +40,7 @@ does, or [`enable_program_cache`][enable_program_cache].
 from __future__ import annotations
 
 import dataclasses
+import dis
 import enum
 import functools
 import hashlib
@@ -78,6 +79,7 @@ _BUILTIN_MODULES = ("builtins", "functools", "operator", "math", "typing", "abc"
 _lock = threading.Lock()
 _dir: str | None = None
 _disabled_reason: str | None = None
+_bindings_seen: dict[str, dict[str, int]] | None = None  # the own modules' definitions at the first look
 # Programs by key, shared by every staged function and thread of the process; one lock per
 # key, so two threads that need one program export or load it once.
 _programs: dict[str, _Program | None] = {}
@@ -129,8 +131,15 @@ def _root(module: str | None) -> str:
 
 
 def _allowed_module(module: str | None) -> bool:
+    """A module of the pinned libraries, or one of this repository's own (judged by its file:
+    another package named ``experiments`` or ``simulators`` is user code)."""
     root = _root(module)
-    return root in _OWN_PACKAGES or root in _LIBRARIES or root in _BUILTIN_MODULES
+    if root in _LIBRARIES or root in _BUILTIN_MODULES:
+        return True
+    if root not in _OWN_PACKAGES:
+        return False
+    path = getattr(sys.modules.get(module or ""), "__file__", None)
+    return path is not None and os.path.abspath(path).startswith(_OWN_DIRS)
 
 
 def _code(code: types.CodeType) -> str:
@@ -146,7 +155,7 @@ def fingerprint(obj: Any) -> str | None:
     cannot be pinned down (user code, unknown objects): such a program is not cached."""
     try:
         return hashlib.sha256(_fp(obj, 0, ()).encode()).hexdigest()
-    except _Unknown as err:
+    except Exception as err:  # _Unknown, or anything an odd object raises: not cacheable
         log.debug("program cache: not cacheable (%s)", err)
         return None
 
@@ -191,6 +200,8 @@ def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one 
     if isinstance(x, np.ndarray | np.generic):
         data = np.ascontiguousarray(x)
         return f"ndarray:{data.dtype}{data.shape}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+    if isinstance(x, jax.core.Tracer):
+        raise _Unknown("a tracer (a value of an enclosing transformation)")
     if isinstance(x, jax.Array):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             return f"key:{jax.random.key_impl(x)}:{deeper(np.asarray(jax.random.key_data(x)))}"
@@ -208,6 +219,8 @@ def _fp(x: Any, depth: int, path: tuple[int, ...]) -> str:  # noqa: C901 -- one 
         return f"nt:{name}({','.join(deeper(v) for v in x)})"
     if dataclasses.is_dataclass(x):  # config objects, flax modules, registry entries
         flax_module = _is_flax_module(x)
+        if flax_module and getattr(x, "scope", None) is not None:
+            raise _Unknown("a bound flax module (its variables are not fields)")
         fields = []
         for f in dataclasses.fields(x):
             value = getattr(x, f.name, None)
@@ -272,16 +285,61 @@ def _hash_sources() -> str:
 
 
 def _outside(module: str | None) -> bool:
-    return not _allowed_module(module) and _root(module) not in sys.stdlib_module_names
+    root = _root(module)
+    return root == "unittest" or (not _allowed_module(module) and root not in sys.stdlib_module_names)
+
+
+def _own_modules() -> list[tuple[str, types.ModuleType]]:
+    return [
+        (name, module)
+        for name, module in list(sys.modules.items())
+        if module is not None and _root(name) in _OWN_PACKAGES and _allowed_module(name)
+    ]
+
+
+_REASSIGNED: dict[str, set[str]] = {}
+
+
+def _reassigned(module: types.ModuleType) -> set[str]:
+    """Names the module's own code assigns with ``global`` (its state, not its definitions);
+    read from its bytecode once per module."""
+    if module.__name__ not in _REASSIGNED:
+        _REASSIGNED[module.__name__] = _global_stores(module)
+    return _REASSIGNED[module.__name__]
+
+
+def _global_stores(module: types.ModuleType) -> set[str]:
+    names: set[str] = set()
+    codes = [
+        v.__code__ for v in vars(module).values() if isinstance(v, types.FunctionType) and v.__globals__ is vars(module)
+    ]
+    while codes:
+        code = codes.pop()
+        names.update(i.argval for i in dis.get_instructions(code) if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"))
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+def _bindings() -> dict[str, dict[str, int]]:
+    """The identity of every definition bound in the own modules and in their classes."""
+    out: dict[str, dict[str, int]] = {}
+    for name, module in _own_modules():
+        skip = _reassigned(module)
+        values = dict(vars(module))
+        out[name] = {a: id(v) for a, v in values.items() if not a.startswith("__") and a not in skip}
+        for a, v in values.items():
+            if isinstance(v, type) and v.__module__ == name:
+                out[f"{name}.{a}"] = {m: id(x) for m, x in vars(v).items() if not m.startswith("__")}
+    return out
 
 
 def _patched_function() -> str | None:
-    """A function or callable of code outside the pinned packages (and the standard library, where
-    decorators' wrappers live) bound in one of the own modules -- a monkeypatch, as tests do: the
-    running code is then not what the files say."""
-    for name, module in list(sys.modules.items()):
-        if _root(name) not in _OWN_PACKAGES or module is None:
-            continue
+    """What in the own modules was replaced -- a monkeypatch, as tests do: the running code is
+    then not what the files say. A definition that is a function or callable of code outside
+    the pinned packages (and the standard library, where decorators' wrappers live) is one; so is
+    any definition or method rebound since the first look (a snapshot), whatever replaced it."""
+    global _bindings_seen
+    for name, module in _own_modules():
         for attr, value in list(vars(module).items()):
             while isinstance(value, functools.partial):
                 value = value.func
@@ -295,6 +353,17 @@ def _patched_function() -> str | None:
                 )
             if replaced:
                 return f"{name}.{attr}"
+    now = _bindings()
+    if _bindings_seen is None:
+        _bindings_seen = now
+        return None
+    for where, seen in _bindings_seen.items():
+        current = now.get(where, {})
+        for attr, identity in seen.items():
+            if attr in current and current[attr] != identity:
+                return f"{where}.{attr}"
+    for where, current in now.items():  # modules imported since: their first look
+        _bindings_seen.setdefault(where, current)
     return None
 
 
@@ -375,7 +444,7 @@ def _platform(leaves: list[Any]) -> str:
     return jax.default_backend()
 
 
-def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any, platform: str) -> tuple[bytes, _Program]:
+def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tuple[bytes, _Program]:
     in_impls = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in leaves]
     made: dict[str, Any] = {}
 
@@ -386,7 +455,9 @@ def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any, platfor
         return [jax.random.key_data(x) if _is_key(x) else x for x in out_leaves]
 
     flat_in = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, in_impls)]
-    exported = jax.export.export(jax.jit(flat_fn), platforms=[platform])(*flat_in)
+    # for the default backend's platform (its canonical name: "cuda", not the device's "gpu");
+    # arguments on another platform make the call fail, and the caller traces as usual
+    exported = jax.export.export(jax.jit(flat_fn))(*flat_in)
     if any(getattr(aval, "weak_type", False) for aval in exported.out_avals):
         # a deserialized program's outputs lose their weak types, which later arithmetic reads
         raise ValueError("weakly typed outputs are not kept")
@@ -420,42 +491,50 @@ class _CachedProgram:
     def __getattr__(self, name: str) -> Any:  # the jitted function's own methods (_cache_size, lower, ...)
         return getattr(self.jitted, name)
 
-    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """(the program's arguments, the static ones), or None where the call does not fit
-        that split (variadic parameters, a keyword-only array argument)."""
+    def _split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[str, ...] | None, tuple[Any, ...], dict[str, Any]] | None:
+        """(the names of the program's arguments given, their values, the static arguments), or
+        None where the call does not fit that split (variadic or positional-only parameters).
+        Dynamic arguments left to their defaults stay Python constants, as ``jax.jit`` has them."""
         if self._parameters is None:
-            return (args, {}) if not kwargs else None
+            return (None, args, {}) if not kwargs else None
         try:
             bound = inspect.Signature(list(self._parameters.values())).bind(*args, **kwargs)
         except TypeError:
             return None
-        bound.apply_defaults()
-        dynamic, static = [], {}
+        names, values, static = [], [], {}
         for name, parameter in self._parameters.items():
             if parameter.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
                 return None  # called by name below
             if name in self.static_argnames:
-                static[name] = bound.arguments[name]
-            else:
-                dynamic.append(bound.arguments[name])
-        return tuple(dynamic), static
+                static[name] = bound.arguments.get(name, parameter.default)
+            elif name in bound.arguments:
+                names.append(name)
+                values.append(bound.arguments[name])
+        return tuple(names), tuple(values), static
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache_dir = _dir
-        if cache_dir is None or _disabled_reason is not None or len(jax.devices()) != 1:
+        if (
+            cache_dir is None
+            or _disabled_reason is not None
+            or len(jax.devices()) != 1
+            or jax.config.values["jax_disable_jit"]
+        ):
             return self.jitted(*args, **kwargs)
         split = self._split(args, kwargs)
         if split is None:
             return self.jitted(*args, **kwargs)
-        dynamic, static = split
+        names, dynamic, static = split
         leaves, in_tree = jax.tree.flatten(dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside another transformation
             return self.jitted(*args, **kwargs)
         platform = _platform(leaves)
         # JAX's settings are in the key, as jax.jit's own cache has them (``with jax.enable_x64()``)
-        signature = (in_tree, _signature(leaves), tuple(static.items()), platform, _environment())
+        signature = (in_tree, _signature(leaves), names, tuple(static.items()), platform, _environment())
         if signature not in self._programs:
-            self._programs[signature] = self._program(cache_dir, leaves, in_tree, signature, static, platform)
+            self._programs[signature] = self._program(cache_dir, leaves, in_tree, signature, names, static, platform)
         program = self._programs[signature]
         if program is not None:
             try:
@@ -466,12 +545,19 @@ class _CachedProgram:
         return self.jitted(*args, **kwargs)
 
     def _program(
-        self, cache_dir: str, leaves: list[Any], in_tree: Any, signature: Any, static: dict[str, Any], platform: str
+        self,
+        cache_dir: str,
+        leaves: list[Any],
+        in_tree: Any,
+        signature: Any,
+        names: tuple[str, ...] | None,
+        static: dict[str, Any],
+        platform: str,
     ) -> _Program | None:
         fingerprinted = fingerprint(self.fn)  # again for every new signature: closures can change
         try:
             structure = None if fingerprinted is None else _tree_fp(in_tree) + _fp(static, 0, ())
-        except _Unknown as err:
+        except Exception as err:  # _Unknown, or anything an odd object raises: not cacheable
             log.debug("program cache: arguments not cacheable (%s)", err)
             structure = None
         if structure is None:
@@ -487,19 +573,16 @@ class _CachedProgram:
         with key_lock:
             if key not in _programs:
                 path = os.path.join(cache_dir, f"{key}.program")
-                _programs[key] = self._load_or_export(path, self._with_static(static), leaves, in_tree, platform)
+                _programs[key] = self._load_or_export(path, self._with_static(names, static), leaves, in_tree)
             return _programs[key]
 
-    def _with_static(self, static: dict[str, Any]) -> Callable[..., Any]:
+    def _with_static(self, names: tuple[str, ...] | None, static: dict[str, Any]) -> Callable[..., Any]:
         """``jitted`` as a function of the program's arguments only (by name where some are static)."""
-        if self._parameters is None:
+        if names is None:
             return self.jitted
-        names = [name for name in self._parameters if name not in static]
         return lambda *dynamic: self.jitted(**dict(zip(names, dynamic)), **static)
 
-    def _load_or_export(
-        self, path: str, call: Callable[..., Any], leaves: list[Any], in_tree: Any, platform: str
-    ) -> _Program | None:
+    def _load_or_export(self, path: str, call: Callable[..., Any], leaves: list[Any], in_tree: Any) -> _Program | None:
         try:
             with open(path, "rb") as f:
                 program = _load(f.read())
@@ -510,7 +593,7 @@ class _CachedProgram:
         except Exception as err:  # a damaged or foreign entry: export it again
             log.debug("program cache: %s unreadable (%s)", path, err)
         try:
-            blob, program = _export(call, leaves, in_tree, platform)
+            blob, program = _export(call, leaves, in_tree)
         except Exception as err:  # not exportable (a host callback, an unsupported op): trace as usual
             log.debug("program cache: export failed (%s)", err)
             _count("failed")
@@ -544,3 +627,4 @@ def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[s
 
 # The sources as this process imports them (opl_rank imports this module among its first).
 _SOURCES_AT_START = _hash_sources()
+_OWN_DIRS = tuple(os.path.join(d, "") for d in _package_dirs())

@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def cache(monkeypatch, tmp_path):
     """The program cache on, in a folder of its own, for one test (the process's state restored)."""
     monkeypatch.setenv(program_cache.PROGRAM_CACHE_ENV, "1")
-    for name in ("_dir", "_disabled_reason", "_SOURCES_AT_START"):
+    for name in ("_dir", "_disabled_reason", "_SOURCES_AT_START", "_bindings_seen"):
         monkeypatch.setattr(program_cache, name, getattr(program_cache, name))
     monkeypatch.setattr(program_cache, "_programs", {})
     monkeypatch.setattr(program_cache, "_counts", dict.fromkeys(program_cache._counts, 0))
+    monkeypatch.setattr(program_cache, "_bindings_seen", None)  # its own state just changed
     path = tmp_path / "programs"
     assert program_cache.enable_program_cache(path) == str(path)
     return path
@@ -70,6 +71,51 @@ def test_disguises_weak_types_and_settings_are_keyed():
     plain = program_cache._environment()
     with jax.enable_x64(True):
         assert program_cache._environment() != plain
+
+
+def test_what_the_reviews_found_stays_closed(cache, monkeypatch):
+    import types
+
+    import flax.linen as nn
+
+    from opl_rank.opl import policies
+
+    # a package that only shares a name with the repository's is user code
+    fake = types.ModuleType("experiments.not_ours")
+    fake.__file__ = "/elsewhere/experiments/not_ours.py"
+    monkeypatch.setitem(sys.modules, "experiments.not_ours", fake)
+    assert not program_cache._allowed_module("experiments.not_ours")
+    import experiments.sweep_cell  # noqa: F401 -- imported: judged by its file
+
+    assert program_cache._allowed_module("experiments.sweep_cell")
+    # a bound flax module carries variables that are not fields
+    dense = nn.Dense(2)
+    variables = dense.init(jax.random.key(0), jnp.ones((1, 3)))
+    assert program_cache.fingerprint(dense) is not None and program_cache.fingerprint(dense.bind(variables)) is None
+    # a dynamic argument left to its default stays a Python constant (as jax.jit has it)
+    total = program_cache.cached_jit(jnp.sum)
+    assert float(total(jnp.ones(3))) == 3.0
+    assert program_cache.stats()["exported"] == 1 and program_cache.stats()["failed"] == 0
+    # under jax.disable_jit nothing is compiled, so nothing is cached
+    with jax.disable_jit():
+        assert float(program_cache.cached_jit(jnp.prod)(jnp.ones(2))) == 1.0
+    assert program_cache.stats()["exported"] == 1
+    # a tracer closed over inside an enclosing jit: traced as usual
+    outer = jax.jit(lambda a, x: staging.stage.__wrapped__(functools.partial(jnp.add, a), False)(x))
+    assert np.array_equal(outer(jnp.ones(2), jnp.ones(2)), [2.0, 2.0])
+    # a constant or a method rebound after the first look, by anything, turns the cache off
+    assert program_cache._patched_function() is None
+    monkeypatch.setattr(policies, "MIN_MARGINAL", policies.MIN_MARGINAL / 2)
+    assert program_cache._patched_function() == "opl_rank.opl.policies.MIN_MARGINAL"
+    monkeypatch.undo()
+
+
+def test_a_method_rebound_after_the_first_look_turns_the_cache_off(cache, monkeypatch):
+    from opl_rank.opl import policies
+
+    assert program_cache._patched_function() is None
+    monkeypatch.setattr(policies.PLPolicy, "sample", jax.jit(policies.PLPolicy.sample))
+    assert program_cache._patched_function() == "opl_rank.opl.policies.PLPolicy.sample"
 
 
 def test_a_closure_changed_between_calls_gets_its_own_program(cache):
