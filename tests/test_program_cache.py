@@ -20,6 +20,7 @@ import pytest
 from opl_rank import program_cache, staging
 from opl_rank.compilation_cache import CACHE_ENV, enable_compilation_cache
 from opl_rank.optimization import EpochLoop, TrainConfig
+from tests.test_compilation_cache import _clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -259,12 +260,10 @@ print(json.dumps({"value": repr(value.value), "stderr": repr(value.stderr), **pr
 
 
 def _fit_run(cache_dir: Path, programs: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_") and k != CACHE_ENV}
-    env.update(PYTHONPATH=str(ROOT), **{program_cache.PROGRAM_CACHE_ENV: programs})
     proc = subprocess.run(
         [sys.executable, "-c", FIT_SCRIPT, str(cache_dir)],
         cwd=ROOT,
-        env=env,
+        env=_clean_env(**{program_cache.PROGRAM_CACHE_ENV: programs}),
         capture_output=True,
         text=True,
         timeout=600,
