@@ -31,6 +31,8 @@ transformation (``vmap``, ``grad``) and programs with weakly typed outputs are t
 Cached or not, a program computes the same values: the first process runs the exported program
 too, so a warm run's results equal the cold run's bit for bit (tested).
 
+The folder keeps at most ``tuning.PROGRAM_CACHE_MAX_ENTRIES`` programs, the most recently used.
+
 The ``opl-rank`` command turns it on next to the compilation cache
 (``<compilation cache>/programs``); ``OPL_RANK_PROGRAM_CACHE=0`` turns it off. The library never
 turns it on by itself: [`enable_compilation_cache`][opl_rank.compilation_cache.enable_compilation_cache]
@@ -587,6 +589,7 @@ class _CachedProgram:
             with open(path, "rb") as f:
                 program = _load(f.read())
             _count("loaded")
+            _touch(path)
             return program
         except FileNotFoundError:
             pass
@@ -604,10 +607,36 @@ class _CachedProgram:
             if _check_sources() is not None:
                 try:
                     atomic_write(path, lambda f: f.write(blob))
+                    _prune(os.path.dirname(path))
                 except OSError as err:  # a full or read-only disk costs only the saving
                     log.debug("program cache: cannot write %s (%s)", path, err)
         _count("exported")
         return program
+
+
+def _touch(path: str) -> None:
+    """Mark an entry used (its modification time orders the pruning)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _prune(folder: str) -> None:
+    """Above ``tuning.PROGRAM_CACHE_MAX_ENTRIES`` entries, remove the least recently used down
+    to three quarters of it."""
+    from opl_rank import tuning
+
+    limit = tuning.PROGRAM_CACHE_MAX_ENTRIES
+    entries = [e for e in os.scandir(folder) if e.name.endswith(".program")]
+    if len(entries) <= limit:
+        return
+    entries.sort(key=lambda e: e.stat().st_mtime)
+    for entry in entries[: len(entries) - (3 * limit) // 4]:
+        try:
+            os.remove(entry.path)
+        except OSError:  # another process removed it first
+            pass
 
 
 def cached_program(jitted: Callable[..., Any], fn: Any, salt: str = "") -> Callable[..., Any]:

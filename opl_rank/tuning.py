@@ -30,6 +30,10 @@ PREFIX_TABLE_CHUNK_FLOATS = 2**23
 #: Linux's default limit of 65,530 (``vm.max_map_count``) XLA could not map new code: the
 #: worker died ("LLVM compilation error: Cannot allocate memory") after a few cells.
 SWEEP_MAX_MAPPINGS = 25_000
+#: programs the program cache keeps on disk (opl_rank.program_cache; 30-60 KB each): beyond
+#: this, the least recently used are removed down to three quarters of it (every edit of the
+#: sources makes new keys, so a working checkout's folder would otherwise only grow).
+PROGRAM_CACHE_MAX_ENTRIES = 4096
 
 # --- training: how often the host hears from a run -----------------------------------
 

@@ -175,6 +175,30 @@ def test_static_arguments_are_part_of_the_key(cache):
     assert fresh._cache_size() == 0  # the jitted function's own methods are there; it never traced
 
 
+def test_the_least_recently_used_programs_are_removed_beyond_the_limit(cache, monkeypatch):
+    import time
+
+    from opl_rank import tuning
+
+    def run(f):  # in a "new process": nothing in memory, so the entry is loaded (and marked used)
+        program_cache._programs.clear()
+        program_cache.cached_jit(f)(jnp.ones(3))
+        time.sleep(0.02)  # modification times apart
+
+    monkeypatch.setattr(tuning, "PROGRAM_CACHE_MAX_ENTRIES", 4)
+    for f in (jnp.cumsum, jnp.cumprod, jnp.sort, jnp.cumsum, jnp.argsort):
+        run(f)
+    assert len(list(cache.iterdir())) == 4 and program_cache.stats()["loaded"] == 1
+    run(jnp.diff)  # a fifth entry: the two least recently used (cumprod, sort) go
+    assert len(list(cache.iterdir())) == 3
+    before = program_cache.stats()
+    for f in (jnp.cumsum, jnp.argsort, jnp.diff):
+        run(f)
+    assert program_cache.stats()["loaded"] == before["loaded"] + 3  # the used one stayed
+    run(jnp.sort)
+    assert program_cache.stats()["exported"] == before["exported"] + 1  # removed: exported again
+
+
 def test_user_code_is_traced_as_usual(cache):
     out = staging.stage.__wrapped__(_loss, False)(jnp.ones(3), jnp.ones((4, 3)), jax.random.key(0), None)
     assert float(out) == 4.0
