@@ -432,10 +432,23 @@ class _Program:
         self.out_impls = out_impls
 
     def __call__(self, leaves: list[Any]) -> Any:
-        flat = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, self.in_impls)]
-        out = self.call(*flat)
-        out = [x if impl is None else jax.random.wrap_key_data(x, impl=impl) for x, impl in zip(out, self.out_impls)]
-        return jax.tree.unflatten(self.out_tree, out)
+        out = self.call(*_raw_keys(leaves))
+        return jax.tree.unflatten(self.out_tree, _typed_keys(out, self.out_impls))
+
+
+def _key_impls(leaves: list[Any]) -> list[str | None]:
+    """Each leaf's PRNG implementation's name (None: not a key)."""
+    return [str(jax.random.key_impl(x)) if _is_key(x) else None for x in leaves]
+
+
+def _raw_keys(leaves: list[Any]) -> list[Any]:
+    """PRNG keys as their raw data (the exported program's boundary), other leaves as they are."""
+    return [jax.random.key_data(x) if _is_key(x) else x for x in leaves]
+
+
+def _typed_keys(leaves: list[Any], impls: list[str | None]) -> list[Any]:
+    """The inverse of [`_raw_keys`][_raw_keys], given each leaf's implementation."""
+    return [x if impl is None else jax.random.wrap_key_data(x, impl=impl) for x, impl in zip(leaves, impls)]
 
 
 def _platform(leaves: list[Any]) -> str:
@@ -447,16 +460,16 @@ def _platform(leaves: list[Any]) -> str:
 
 
 def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tuple[bytes, _Program]:
-    in_impls = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in leaves]
+    in_impls = _key_impls(leaves)
     made: dict[str, Any] = {}
 
     def flat_fn(*flat: Any) -> list[Any]:
-        args = [x if impl is None else jax.random.wrap_key_data(x, impl=impl) for x, impl in zip(flat, in_impls)]
+        args = _typed_keys(list(flat), in_impls)
         out_leaves, made["out_tree"] = jax.tree.flatten(jitted(*jax.tree.unflatten(in_tree, args)))
-        made["out_impls"] = [str(jax.random.key_impl(x)) if _is_key(x) else None for x in out_leaves]
-        return [jax.random.key_data(x) if _is_key(x) else x for x in out_leaves]
+        made["out_impls"] = _key_impls(out_leaves)
+        return _raw_keys(out_leaves)
 
-    flat_in = [jax.random.key_data(x) if impl is not None else x for x, impl in zip(leaves, in_impls)]
+    flat_in = _raw_keys(leaves)
     # for the default backend's platform (its canonical name: "cuda", not the device's "gpu");
     # arguments on another platform make the call fail, and the caller traces as usual
     exported = jax.export.export(jax.jit(flat_fn))(*flat_in)
