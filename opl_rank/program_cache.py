@@ -33,6 +33,9 @@ too, so a warm run's results equal the cold run's bit for bit (tested).
 
 The folder keeps at most ``tuning.PROGRAM_CACHE_MAX_ENTRIES`` programs, the most recently used.
 
+Cached or not, these programs compile on CPU with cheaper XLA options where their arrays are
+small ([`compiler_options`][compiler_options]; docs/performance.md §27).
+
 The ``opl-rank`` command turns it on next to the compilation cache
 (``<compilation cache>/programs``); ``OPL_RANK_PROGRAM_CACHE=0`` turns it off. The library never
 turns it on by itself: [`enable_compilation_cache`][opl_rank.compilation_cache.enable_compilation_cache]
@@ -66,6 +69,7 @@ __all__ = [
     "fingerprint",
     "cached_program",
     "cached_jit",
+    "compiler_options",
     "stats",
 ]
 
@@ -425,8 +429,15 @@ class _Program:
     """One exported program: flat array arguments in, flat arrays out (PRNG keys as their
     raw data at the boundary: ``jax.export`` serializes plain dtypes only)."""
 
-    def __init__(self, exported: Any, out_tree: Any, in_impls: list[str | None], out_impls: list[str | None]):
-        self.call = jax.jit(exported.call)
+    def __init__(
+        self,
+        exported: Any,
+        out_tree: Any,
+        in_impls: list[str | None],
+        out_impls: list[str | None],
+        options: tuple[tuple[str, Any], ...] | None = None,
+    ):
+        self.call = jax.jit(exported.call, compiler_options=dict(options) if options else None)
         self.out_tree = out_tree
         self.in_impls = in_impls
         self.out_impls = out_impls
@@ -459,7 +470,9 @@ def _platform(leaves: list[Any]) -> str:
     return jax.default_backend()
 
 
-def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tuple[bytes, _Program]:
+def _export(
+    jitted: Callable[..., Any], leaves: list[Any], in_tree: Any, options: tuple[tuple[str, Any], ...] | None
+) -> tuple[bytes, _Program]:
     in_impls = _key_impls(leaves)
     made: dict[str, Any] = {}
 
@@ -479,32 +492,72 @@ def _export(jitted: Callable[..., Any], leaves: list[Any], in_tree: Any) -> tupl
     blob = pickle.dumps(
         {"exported": exported.serialize(), "out_tree": made["out_tree"], "in": in_impls, "out": made["out_impls"]}
     )
-    return blob, _Program(exported, made["out_tree"], in_impls, made["out_impls"])
+    return blob, _Program(exported, made["out_tree"], in_impls, made["out_impls"], options)
 
 
-def _load(blob: bytes) -> _Program:
+def _load(blob: bytes, options: tuple[tuple[str, Any], ...] | None) -> _Program:
     entry = pickle.loads(blob)  # noqa: S301 -- our own cache directory, written by _export
-    return _Program(jax.export.deserialize(entry["exported"]), entry["out_tree"], entry["in"], entry["out"])
+    exported = jax.export.deserialize(entry["exported"])
+    return _Program(exported, entry["out_tree"], entry["in"], entry["out"], options)
+
+
+def compiler_options(leaves: list[Any]) -> tuple[tuple[str, Any], ...] | None:
+    """The XLA options a program of these arguments compiles with (None: XLA's defaults).
+
+    On CPU, a program whose array arguments hold at most ``tuning.FAST_COMPILE_MAX_ELEMENTS``
+    elements in all gets ``tuning.FAST_COMPILE_OPTIONS`` (LLVM level 1, no MLIR fusion
+    emitters): such programs -- a fit's training chunks at D = 10 and a few thousand rounds --
+    run for less than their compilation takes, which these options cut by about a third
+    without slowing their steps measurably (docs/performance.md §27). Options that
+    ``XLA_FLAGS`` names are left to it (the test suite's level 0)."""
+    from opl_rank import tuning
+
+    if not tuning.FAST_COMPILE_OPTIONS or tuning.FAST_COMPILE_MAX_ELEMENTS <= 0:
+        return None
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return None
+    if _platform(leaves) != "cpu":
+        return None
+    if sum(int(np.prod(np.shape(x))) for x in leaves if hasattr(x, "shape")) > tuning.FAST_COMPILE_MAX_ELEMENTS:
+        return None
+    flags = os.environ.get("XLA_FLAGS", "")
+    chosen = tuple((name, value) for name, value in tuning.FAST_COMPILE_OPTIONS if f"--{name}" not in flags)
+    return chosen or None
 
 
 class _CachedProgram:
-    """``jitted`` with its programs kept in the program cache (see the module docstring).
+    """``jax.jit(traced)`` with its programs kept in the program cache (see the module
+    docstring), compiled with the [`compiler_options`][compiler_options] of their arguments.
 
-    ``static_argnames`` are ``jitted``'s static arguments (``jax.jit``'s): part of the key, by
-    their fingerprint; the other arguments are the program's (as positional arguments)."""
+    ``static_argnames`` are the static arguments (``jax.jit``'s): part of the key, by their
+    fingerprint; the other arguments are the program's (as positional arguments)."""
 
-    def __init__(self, jitted: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = ()):
-        self.jitted = jitted
+    def __init__(self, traced: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = ()):
+        self.traced = traced
+        self.jitted = jax.jit(traced, static_argnames=static_argnames)
+        self._with_options: dict[tuple[tuple[str, Any], ...], Callable[..., Any]] = {}
         self.fn = fn
         self.salt = salt
         self.static_argnames = static_argnames
         self._parameters = inspect.signature(fn).parameters if static_argnames else None
         self._fingerprint: str | None | bool = False  # False: not computed yet
         self._programs: dict[Any, _Program | None] = {}
-        functools.update_wrapper(self, jitted)
+        functools.update_wrapper(self, self.jitted)
 
     def __getattr__(self, name: str) -> Any:  # the jitted function's own methods (_cache_size, lower, ...)
         return getattr(self.jitted, name)
+
+    def _jit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``jax.jit`` of the traced function with the [`compiler_options`][compiler_options] of
+        these arguments, called (the traced-as-usual path)."""
+        options = compiler_options(jax.tree.leaves((args, kwargs)))
+        if options is None:
+            return self.jitted(*args, **kwargs)
+        if options not in self._with_options:
+            self._with_options[options] = jax.jit(
+                self.traced, static_argnames=self.static_argnames, compiler_options=dict(options)
+            )
+        return self._with_options[options](*args, **kwargs)
 
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -537,10 +590,10 @@ class _CachedProgram:
             or len(jax.devices()) != 1
             or jax.config.values["jax_disable_jit"]
         ):
-            return self.jitted(*args, **kwargs)
+            return self._jit(args, kwargs)
         split = self._split(args, kwargs)
         if split is None:
-            return self.jitted(*args, **kwargs)
+            return self._jit(args, kwargs)
         names, dynamic, static = split
         leaves, in_tree = jax.tree.flatten(dynamic)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside another transformation
@@ -557,7 +610,7 @@ class _CachedProgram:
             except Exception as err:  # a use the exported program does not support: trace as usual
                 log.debug("program cache: calling the exported program failed (%s)", err)
                 self._programs[signature] = None
-        return self.jitted(*args, **kwargs)
+        return self._jit(args, kwargs)
 
     def _program(
         self,
@@ -588,7 +641,8 @@ class _CachedProgram:
         with key_lock:
             if key not in _programs:
                 path = os.path.join(cache_dir, f"{key}.program")
-                _programs[key] = self._load_or_export(path, self._with_static(names, static), leaves, in_tree)
+                call = self._with_static(names, static)
+                _programs[key] = self._load_or_export(path, call, leaves, in_tree, compiler_options(leaves))
             return _programs[key]
 
     def _with_static(self, names: tuple[str, ...] | None, static: dict[str, Any]) -> Callable[..., Any]:
@@ -597,10 +651,17 @@ class _CachedProgram:
             return self.jitted
         return lambda *dynamic: self.jitted(**dict(zip(names, dynamic)), **static)
 
-    def _load_or_export(self, path: str, call: Callable[..., Any], leaves: list[Any], in_tree: Any) -> _Program | None:
+    def _load_or_export(
+        self,
+        path: str,
+        call: Callable[..., Any],
+        leaves: list[Any],
+        in_tree: Any,
+        options: tuple[tuple[str, Any], ...] | None,
+    ) -> _Program | None:
         try:
             with open(path, "rb") as f:
-                program = _load(f.read())
+                program = _load(f.read(), options)
             _count("loaded")
             _touch(path)
             return program
@@ -609,7 +670,7 @@ class _CachedProgram:
         except Exception as err:  # a damaged or foreign entry: export it again
             log.debug("program cache: %s unreadable (%s)", path, err)
         try:
-            blob, program = _export(call, leaves, in_tree)
+            blob, program = _export(call, leaves, in_tree, options)
         except Exception as err:  # not exportable (a host callback, an unsupported op): trace as usual
             log.debug("program cache: export failed (%s)", err)
             _count("failed")
@@ -652,11 +713,11 @@ def _prune(folder: str) -> None:
             pass
 
 
-def cached_program(jitted: Callable[..., Any], fn: Any, salt: str = "") -> Callable[..., Any]:
-    """``jitted`` (``jax.jit`` of something built from ``fn``), with its traced programs kept
-    in the program cache while one is enabled; ``salt`` names how ``jitted`` was built from
-    ``fn`` (e.g. vmapped)."""
-    return _CachedProgram(jitted, fn, salt)
+def cached_program(traced: Callable[..., Any], fn: Any, salt: str = "") -> Callable[..., Any]:
+    """``jax.jit(traced)`` (``traced`` built from ``fn``), with its traced programs kept in the
+    program cache while one is enabled and the [`compiler_options`][compiler_options] of its
+    arguments; ``salt`` names how ``traced`` was built from ``fn`` (e.g. vmapped)."""
+    return _CachedProgram(traced, fn, salt)
 
 
 def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[str, ...] = ()) -> Any:
@@ -664,7 +725,7 @@ def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[s
     while one is enabled (a decorator, with or without arguments)."""
     if fn is None:
         return functools.partial(cached_jit, static_argnames=static_argnames)
-    return _CachedProgram(jax.jit(fn, static_argnames=static_argnames), fn, "jit", tuple(static_argnames))
+    return _CachedProgram(fn, fn, "jit", tuple(static_argnames))
 
 
 # The sources as this process imports them (opl_rank imports this module among its first).

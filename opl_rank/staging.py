@@ -109,11 +109,11 @@ def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = ()) -
         return fn(*unpack(args))
 
     if batched:
-        jitted = jax.jit(jax.vmap(unpacked, in_axes=tuple(None if i in shared else 0 for i in range(_arity(fn)))))
+        traced = jax.vmap(unpacked, in_axes=tuple(None if i in shared else 0 for i in range(_arity(fn))))
     else:
-        jitted = jax.jit(unpacked)
-    # kept on disk as traced programs where the program cache is on (opl_rank.program_cache)
-    return cached_program(jitted, fn, f"stage(batched={batched}, shared={shared})")
+        traced = unpacked
+    # jitted and kept on disk as traced programs where the program cache is on (opl_rank.program_cache)
+    return cached_program(traced, fn, f"stage(batched={batched}, shared={shared})")
 
 
 def _arity(fn: Callable[..., Any]) -> int:

@@ -43,6 +43,14 @@ PROGRAM_CACHE_MAX_ENTRIES = 4096
 #: per chunk at D = 10-100 on 2 CPU cores).
 CHUNK_STEPS = 256
 
+#: On CPU, the programs of fit stages and ``cached_jit`` functions whose array arguments hold
+#: at most this many elements in all compile with FAST_COMPILE_OPTIONS: they run for less
+#: than XLA's default pipeline takes to compile them (program_cache.compiler_options;
+#: docs/performance.md §27). 0 (or empty options): XLA's defaults for every program.
+FAST_COMPILE_MAX_ELEMENTS = 2**17
+#: XLA debug options of those programs (each unless XLA_FLAGS names it).
+FAST_COMPILE_OPTIONS = (("xla_backend_optimization_level", 1), ("xla_cpu_use_fusion_emitters", False))
+
 # --- kernels: unrolling and sampler choice (PL maths) ---------------------------------
 
 #: Above this many items a sort-based top-L (``lax.top_k``) beats an L-step argmax loop on

@@ -305,3 +305,33 @@ def test_a_later_process_loads_a_fits_programs_and_gets_the_same_numbers(tmp_pat
     plain = _fit_run(tmp_path / "off", "0")  # traced as usual
     assert plain["exported"] == plain["loaded"] == 0
     assert cold["value"] == warm["value"] == plain["value"] and cold["stderr"] == warm["stderr"] == plain["stderr"]
+
+
+def test_small_cpu_programs_get_the_fast_compile_options(monkeypatch):
+    from opl_rank import tuning
+
+    monkeypatch.setenv("XLA_FLAGS", "")
+    small, large = [jnp.zeros((4, 8)), jax.random.key(0)], [jnp.zeros(tuning.FAST_COMPILE_MAX_ELEMENTS + 1)]
+    assert program_cache.compiler_options(small) == tuning.FAST_COMPILE_OPTIONS
+    assert program_cache.compiler_options(large) is None
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")  # XLA_FLAGS keeps what it names
+    assert program_cache.compiler_options(small) == (("xla_cpu_use_fusion_emitters", False),)
+    monkeypatch.setattr(tuning, "FAST_COMPILE_MAX_ELEMENTS", 0)
+    assert program_cache.compiler_options(small) is None
+
+
+@pytest.mark.parametrize("programs", [False, True])
+def test_the_options_reach_the_compiler_and_keep_the_values(cache, monkeypatch, programs):
+    from opl_rank import tuning
+
+    monkeypatch.setenv("XLA_FLAGS", "")  # the tests' own flags name every option
+    if not programs:
+        monkeypatch.setattr(program_cache, "_dir", None)
+    x = jnp.linspace(0.0, 3.0, 64).reshape(8, 8)
+    fresh = staging.stage.__wrapped__
+    fn = functools.partial(jnp.linalg.norm, axis=1)
+    got = fresh(fn, False)(x)
+    np.testing.assert_allclose(got, jax.jit(fn)(x), rtol=1e-6)
+    monkeypatch.setattr(tuning, "FAST_COMPILE_OPTIONS", (("xla_cpu_use_fusion_emitters", "maybe"),))
+    with pytest.raises(Exception, match="xla_cpu_use_fusion_emitters"):  # compiled with them, on either path
+        fresh(fn, False)(x + 1.0)
