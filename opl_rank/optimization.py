@@ -4,12 +4,15 @@
 batches, optax steps, optional early stopping on a validation loss) is one ``lax.scan`` --
 so it can be ``jax.jit``-ed, and ``jax.vmap``-ed over seeds. The library's own fits
 ([`minimize`][minimize], [`opl_rank.opl.learners.fit`][opl_rank.opl.learners.fit]) run the same
-epochs as compiled chunks driven from the host ([`EpochLoop`][EpochLoop], [`run_loop`][run_loop]):
-one program per loop (loss function, optimiser, batch size, epochs, data shapes), free of
-host callbacks, so JAX's persistent compilation cache keeps it for the next process; the
-host reports progress and checks for early stopping between chunks (a chunk is at most
-``tuning.CHUNK_STEPS`` optimiser steps). Chunked or not, watched or not, the parameters are
-the same, bit for bit: every epoch draws its keys from the carried key.
+epochs driven from the host ([`EpochLoop`][EpochLoop], [`run_loop`][run_loop]) as three
+programs free of host callbacks, so JAX's persistent compilation cache keeps them for the
+next process: an epoch's start (shuffle, cut into blocks of ``tuning.STEP_BLOCK`` batches;
+[`EpochStart`][EpochStart]), its steps block by block ([`StepBlock`][StepBlock]: one program
+per loss and optimiser that never sees the data's size, so it serves every ``n``) and its end
+(validation, early stopping; [`EpochEnd`][EpochEnd]). The host reports progress and checks for
+early stopping after every chunk of epochs (at most ``tuning.CHUNK_STEPS`` optimiser steps).
+In one scan or as programs, watched or not, the parameters are the same, bit for bit: every
+epoch draws its keys from the carried key, and the programs are the pieces of the scan.
 
 An epoch shuffles the rows and cuts them into ``n // batch`` batches of exactly ``batch``
 rows (the remainder of the shuffle is skipped). Early stopping: after each epoch the
@@ -43,13 +46,16 @@ import optax
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
-from opl_rank.staging import stage
+from opl_rank.staging import leading_rows, pack, stage, unpack
 
 __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainState",
     "EpochLoop",
+    "EpochStart",
+    "StepBlock",
+    "EpochEnd",
     "init_state",
     "train_epochs",
     "chunk_epochs",
@@ -363,7 +369,30 @@ def train_epochs(
     Returns:
       ``(state, history)`` with history arrays ``[chunk]``.
     """
-    n = _n_rows(data)
+    n_batches = _n_batches(_n_rows(data), batch_size, devices)
+    stopping = valid is not None and patience is not None
+    starter = EpochStart(epochs, patience if stopping else None, min(batch_size, _n_rows(data)), n_batches, devices)
+    stepper = StepBlock(loss_fn, optimizer, devices)
+    ender = EpochEnd((valid_loss_fn or loss_fn) if valid is not None else None, metrics_fn, stopping, n_batches)
+
+    def epoch(state, index):  # the epoch run_loop runs as programs, here in one block of every batch
+        key, k_valid, active, (rows,), (keys,) = starter.run(state.key, state.since_best, data, index)
+        params, opt_state, losses, finite = stepper.run(
+            state.params, state.opt_state, unpack(rows), keys, jnp.int32(n_batches), active, aux
+        )
+        state = state._replace(params=params, opt_state=opt_state, key=key)
+        state, record = ender.run(state, (losses,), (finite,), active, k_valid, valid, aux)
+        if listener is not None:
+            jax.debug.callback(_notify, listener, index + 1, record, ordered=True)
+        return state, record
+
+    state, history = jax.lax.scan(epoch, TrainState(*state), first_epoch + jnp.arange(chunk, dtype=jnp.int32))
+    return state, history
+
+
+def _n_batches(n: int, batch_size: int, devices: int | str | None) -> int:
+    """Optimiser steps per epoch on ``n`` rows (a ValueError where data parallelism cannot
+    split the batch)."""
     batch = min(batch_size, n)
     mesh = data_mesh(devices)
     if mesh is not None and batch % mesh.size:
@@ -371,68 +400,7 @@ def train_epochs(
             f"data parallel training over {mesh.size} devices needs a batch divisible by the device count: "
             f"batch_size={batch_size}{f' (capped at n={n} rows)' if batch < batch_size else ''} is not a multiple of {mesh.size}"
         )
-    n_batches = n // batch
-    n_keys = -(-n_batches // _KEY_BLOCK) * _KEY_BLOCK
-    row_names = list(_rows_of(data))
-    evaluate = valid_loss_fn or loss_fn
-    stopping = valid is not None and patience is not None
-
-    def step(carry, inputs):
-        params, opt_state = carry
-        batch_rows, k = inputs
-        batch_rows = _shard_rows(batch_rows, mesh, 0)
-        loss, grads = jax.value_and_grad(loss_fn)(params, _with_rows(data, batch_rows), k, aux)
-        # optax mixes Python floats and int32 counts: valid under standard promotion only
-        # (users and our tests may set jax_numpy_dtype_promotion="strict").
-        with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        # A non-finite parameter or optimiser moment (e.g. Adam's second moment overflowing)
-        # would freeze silently: record it, and the caller raises naming the step.
-        finite = jnp.all(
-            jnp.stack(
-                [
-                    jnp.all(jnp.isfinite(x))
-                    for x in jax.tree.leaves((params, opt_state))
-                    if jnp.issubdtype(x.dtype, jnp.floating)
-                ]
-            )
-        )
-        return (params, opt_state), (loss, finite)
-
-    def run_epoch(params, opt_state, k_epoch):
-        k_perm, k_steps = jax.random.split(k_epoch)
-        order = jax.random.permutation(k_perm, n)[: n_batches * batch].reshape(n_batches, batch)
-        rows = _rows_of(data)
-        blocks = _shard_rows({name: rows[name][order] for name in row_names}, mesh, 1)
-        step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
-        (params, opt_state), (losses, finite) = jax.lax.scan(step, (params, opt_state), (blocks, step_keys))
-        first_bad = jnp.where(jnp.all(finite), -1, jnp.argmin(finite))
-        return params, opt_state, jnp.sum(losses) / n_batches, first_bad.astype(jnp.int32)
-
-    def epoch(carry, index):
-        params, opt_state, key, best_loss, best_params, since_best = carry
-        key, k_epoch, k_valid = jax.random.split(key, 3)
-        active = (index < epochs) & (since_best < (patience if stopping else epochs + 1))
-        params, opt_state, train_loss, bad_step = jax.lax.cond(
-            active, run_epoch, lambda p, s, k: (p, s, jnp.float32(jnp.nan), jnp.int32(-1)), params, opt_state, k_epoch
-        )
-        record = {"train_loss": train_loss, "active": active, "nonfinite_step": bad_step}
-        if valid is not None:
-            valid_loss = evaluate(params, valid, k_valid, aux)
-            record["valid_loss"] = jnp.where(active, valid_loss, jnp.nan)
-            better = active & (valid_loss < best_loss)
-            best_loss = jnp.where(better, valid_loss, best_loss)
-            best_params = jax.tree.map(lambda new, old: jnp.where(better, new, old), params, best_params)
-            since_best = jnp.where(better, 0, since_best + active.astype(jnp.int32))
-        if metrics_fn is not None:
-            record.update(metrics_fn(params, valid, k_valid))
-        if listener is not None:
-            jax.debug.callback(_notify, listener, index + 1, record, ordered=True)
-        return TrainState(params, opt_state, key, best_loss, best_params, since_best), record
-
-    state, history = jax.lax.scan(epoch, TrainState(*state), first_epoch + jnp.arange(chunk, dtype=jnp.int32))
-    return state, history
+    return n // batch
 
 
 def chunk_epochs(epochs: int, n_rows: int, batch_size: int) -> int:
@@ -447,11 +415,11 @@ def chunk_epochs(epochs: int, n_rows: int, batch_size: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class EpochLoop:
-    """One training run's static settings: the key of its compiled chunk program.
+    """One training run's static settings, from which [`run_loop`][run_loop] builds its programs.
 
-    Two fits with equal loops (the same loss and optimiser objects, the same ints) share
-    one compiled program, in this process and -- through the persistent compilation cache,
-    as the program holds no host callback -- in the next ones.
+    Two fits whose loops have the same loss and optimiser objects share one compiled step
+    program ([`steps`][EpochLoop.steps]) at every data size, in this process and -- through
+    the persistent compilation cache, as no program holds a host callback -- in the next ones.
 
     Attributes:
       loss_fn: ``(params, batch, key, aux) -> scalar``.
@@ -503,26 +471,10 @@ class EpochLoop:
         """The state before the first epoch (pure)."""
         return init_state(self.optimizer, params, key)
 
-    def run_chunk(
-        self, state: TrainState, data: Any, first_epoch: jax.Array, aux: Any, valid: Any
-    ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """``chunk`` epochs from ``first_epoch`` (pure; [`train_epochs`][train_epochs])."""
-        return train_epochs(
-            self.loss_fn,
-            self.optimizer,
-            state,
-            data,
-            first_epoch,
-            epochs=self.epochs,
-            chunk=self.chunk,
-            batch_size=self.batch_size,
-            aux=aux,
-            valid=valid,
-            valid_loss_fn=self.valid_loss_fn,
-            patience=self.patience if valid is not None else None,
-            metrics_fn=self.metrics_fn,
-            devices=self.devices,
-        )
+    @property
+    def steps(self) -> StepBlock:
+        """The run's [`StepBlock`][StepBlock]: its loss and optimiser, not ``n`` (one program at every size)."""
+        return StepBlock(self.loss_fn, self.optimizer, self.devices)
 
     def result_params(self, state: TrainState, has_valid: bool) -> Any:
         """The run's answer: the best validation epoch's parameters with early stopping."""
@@ -539,12 +491,20 @@ def run_loop(
     on_epoch: Callable[[int, dict[str, float]], None] | None = None,
     batched: bool = False,
 ) -> tuple[TrainState, dict[str, np.ndarray]]:
-    """Run ``loop``'s epochs as compiled chunks from the host.
+    """Run ``loop``'s epochs from the host, as three kinds of compiled programs.
 
-    After each chunk the host reads its history: ``on_epoch(epoch, record)`` is called for
-    every epoch that ran (per seed when ``batched``), and once every run has stopped early
-    no further chunk is dispatched. The programs are the same with and without
-    ``on_epoch``, so are the results, bit for bit.
+    Each epoch is a start (shuffle and cut the rows into blocks of
+    ``tuning.STEP_BLOCK`` batches: [`EpochStart`][EpochStart]), the optimiser steps block by
+    block ([`StepBlock`][StepBlock]) and an end (losses, validation, early stopping:
+    [`EpochEnd`][EpochEnd]). The steps' program sees one block of batches, never ``n``: one
+    program serves a loss at every data size (the 70% split of `select_k`, the next cell's
+    ``n``, a user's other logs), and the persistent compilation cache keeps it. The numbers
+    are those of [`train_epochs`][train_epochs]'s one scan: the same keys, shuffles and steps.
+
+    After every chunk of ``loop.chunk`` epochs the host reads the chunk's history:
+    ``on_epoch(epoch, record)`` is called for every epoch that ran (per seed when
+    ``batched``), and once every run has stopped early no further epoch is dispatched. The
+    programs are the same with and without ``on_epoch``, so are the results, bit for bit.
 
     Args:
       loop: the run's [`EpochLoop`][EpochLoop].
@@ -557,17 +517,40 @@ def run_loop(
     Returns:
       The final state and the history as arrays ``[epochs_run]`` (``[S, epochs_run]``).
     """
-    call = _chunk_program(loop, batched)
+    n = leading_rows(data, batched)
+    n_batches = _n_batches(n, loop.batch_size, loop.devices)
     mesh = data_mesh(loop.devices)
     if mesh is not None:
         data, aux, valid = _replicate((data, aux, valid), mesh)
+    block = tuning.STEP_BLOCK
+    counts = [np.int32(min(block, n_batches - first)) for first in range(0, n_batches, block)]
+    stopping = valid is not None and loop.patience is not None
+    starter = EpochStart(loop.epochs, loop.patience if stopping else None, min(loop.batch_size, n), block, loop.devices)
+    start = _program_of(starter, batched, (3,))
+    steps = _program_of(loop.steps, batched, (4,))
+    evaluate = (loop.valid_loss_fn or loop.loss_fn) if valid is not None else None
+    end = _program_of(EpochEnd(evaluate, loop.metrics_fn, stopping, n_batches), batched, ())
     histories: list[dict[str, np.ndarray]] = []
     for first in range(0, loop.epochs, loop.chunk):
         if mesh is not None:
             state = _replicate(state, mesh)
+        records = []
         with partitioner(loop.devices, _one_key(state.key, batched)):
-            state, history = call(state, data, np.int32(first), aux, valid)
-        history = jax.device_get(history)
+            for index in range(first, first + loop.chunk):
+                key, k_valid, active, blocks, keys = start(state.key, state.since_best, data, np.int32(index))
+                params, opt_state = state.params, state.opt_state
+                losses, finite = [], []
+                for rows, block_keys, count in zip(blocks, keys, counts):
+                    params, opt_state, block_losses, block_finite = steps(
+                        params, opt_state, rows, block_keys, count, active, aux
+                    )
+                    losses.append(block_losses)
+                    finite.append(block_finite)
+                state = state._replace(params=params, opt_state=opt_state, key=key)
+                state, record = end(state, tuple(losses), tuple(finite), active, k_valid, valid, aux)
+                records.append(record)
+        fetched = jax.device_get(records)
+        history = {name: np.stack([r[name] for r in fetched], axis=-1) for name in fetched[0]}
         histories.append(history)
         if on_epoch is not None:
             _replay(on_epoch, history, first, batched)
@@ -577,11 +560,168 @@ def run_loop(
     return state, merged
 
 
-# Keyed by the loop's value (a bound method compares its instance by identity): equal loops
+@dataclasses.dataclass(frozen=True)
+class EpochStart:
+    """An epoch's start, as [`train_epochs`][train_epochs] begins it: its keys, whether it runs
+    (``active``), and the shuffled rows cut into blocks of ``block`` batches (the last block
+    padded with copies of the first batch, whose steps [`StepBlock`][StepBlock] skips).
+
+    Attributes:
+      epochs: epochs of the run.
+      patience: early stopping (None: none).
+      batch: rows per step.
+      block: batches per block (``tuning.STEP_BLOCK``).
+      devices: data parallelism ([`TrainConfig.devices`][TrainConfig]).
+    """
+
+    epochs: int
+    patience: int | None
+    batch: int
+    block: int
+    devices: int | str | None = None
+
+    def run(self, key: jax.Array, since_best: jax.Array, data: Any, index: jax.Array) -> tuple:
+        """``-> (key, k_valid, active, blocks, keys)``: the next epoch's carried key, this
+        epoch's validation key, whether it runs, and per block the rows ``[block, batch, ..]``
+        (as ``data``) and the step keys ``[block]``. Pure."""
+        n = _n_rows(data)
+        n_batches = n // self.batch
+        n_keys = -(-n_batches // _KEY_BLOCK) * _KEY_BLOCK
+        n_blocks = -(-n_batches // self.block)
+        key, k_epoch, k_valid = jax.random.split(key, 3)
+        active = (index < self.epochs) & (
+            since_best < (self.patience if self.patience is not None else self.epochs + 1)
+        )
+        k_perm, k_steps = jax.random.split(k_epoch)
+        order = jax.random.permutation(k_perm, n)[: n_batches * self.batch].reshape(n_batches, self.batch)
+        step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
+        padding = n_blocks * self.block - n_batches
+        order = jnp.concatenate([order, jnp.broadcast_to(order[:1], (padding, self.batch))])
+        step_keys = jnp.concatenate([step_keys, jnp.broadcast_to(step_keys[:1], (padding,) + step_keys.shape[1:])])
+        rows = _rows_of(data)
+        cut = _shard_rows({name: value[order] for name, value in rows.items()}, data_mesh(self.devices), 1)
+        blocks = tuple(
+            _with_rows(data, {name: value[j * self.block : (j + 1) * self.block] for name, value in cut.items()})
+            for j in range(n_blocks)
+        )
+        keys = tuple(step_keys[j * self.block : (j + 1) * self.block] for j in range(n_blocks))
+        return key, k_valid, active, tuple(pack(b) for b in blocks), keys
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBlock:
+    """A block of optimiser steps: the one program of a loss that sees batches and never the
+    data's size ``n`` (equal losses and optimisers share it at every ``n``).
+
+    Attributes:
+      loss_fn: ``(params, batch, key, aux) -> scalar``.
+      optimizer: an ``optax.GradientTransformation``.
+      devices: data parallelism ([`TrainConfig.devices`][TrainConfig]).
+    """
+
+    loss_fn: LossFn
+    optimizer: optax.GradientTransformation
+    devices: int | str | None = None
+
+    def run(
+        self, params: Any, opt_state: Any, rows: Any, keys: jax.Array, count: jax.Array, active: jax.Array, aux: Any
+    ) -> tuple[Any, Any, jax.Array, jax.Array]:
+        """The first ``count`` of the block's steps when ``active`` (none otherwise): ``->
+        (params, opt_state, losses [block], finite [block])``, padding steps giving loss 0 and
+        finite True. Pure."""
+        mesh = data_mesh(self.devices)
+        batches = _rows_of(rows)
+
+        def step(carry, batch_rows, k):
+            params, opt_state = carry
+            batch_rows = _shard_rows(batch_rows, mesh, 0)
+            loss, grads = jax.value_and_grad(self.loss_fn)(params, _with_rows(rows, batch_rows), k, aux)
+            # optax mixes Python floats and int32 counts: valid under standard promotion only
+            # (users and our tests may set jax_numpy_dtype_promotion="strict").
+            with jax.numpy_dtype_promotion("standard"):
+                updates, opt_state = self.optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            # A non-finite parameter or optimiser moment (e.g. Adam's second moment overflowing)
+            # would freeze silently: record it, and the caller raises naming the step.
+            finite = jnp.all(
+                jnp.stack(
+                    [
+                        jnp.all(jnp.isfinite(x))
+                        for x in jax.tree.leaves((params, opt_state))
+                        if jnp.issubdtype(x.dtype, jnp.floating)
+                    ]
+                )
+            )
+            return (params, opt_state), (loss.astype(jnp.float32), finite)
+
+        def body(carry, inputs):
+            i, batch_rows, k = inputs
+            idle = (jnp.float32(0.0), jnp.bool_(True))
+
+            def run(c):  # an inactive run's step does nothing (a select where runs are vmapped)
+                return jax.lax.cond(active, lambda c: step(c, batch_rows, k), lambda c: (c, idle), c)
+
+            return jax.lax.cond(i < count, run, lambda c: (c, idle), carry)  # padding: skipped
+
+        block = keys.shape[0]
+        (params, opt_state), (losses, finite) = jax.lax.scan(
+            body, (params, opt_state), (jnp.arange(block), batches, keys)
+        )
+        return params, opt_state, losses, finite
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochEnd:
+    """An epoch's end, as [`train_epochs`][train_epochs] ends it: its mean loss, first
+    non-finite step, validation loss and early-stopping state, and its history record.
+
+    Attributes:
+      valid_loss_fn: loss on the validation rows (None: no validation rows).
+      metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
+      stopping: early stopping on (validation rows and a patience).
+      n_batches: steps of an epoch.
+    """
+
+    valid_loss_fn: LossFn | None
+    metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None
+    stopping: bool
+    n_batches: int
+
+    def run(
+        self,
+        state: TrainState,
+        losses: tuple,
+        finite: tuple,
+        active: jax.Array,
+        k_valid: jax.Array,
+        valid: Any,
+        aux: Any,
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """``state`` after the epoch's steps -> ``(state, record)``. Pure."""
+        losses_all = jnp.concatenate(losses)[: self.n_batches]
+        finite_all = jnp.concatenate(finite)[: self.n_batches]
+        train_loss = jnp.where(active, jnp.sum(losses_all) / self.n_batches, jnp.float32(jnp.nan))
+        first_bad = jnp.where(jnp.all(finite_all), -1, jnp.argmin(finite_all)).astype(jnp.int32)
+        record = {"train_loss": train_loss, "active": active, "nonfinite_step": jnp.where(active, first_bad, -1)}
+        params, best_loss, best_params, since_best = state.params, state.best_loss, state.best_params, state.since_best
+        if self.valid_loss_fn is not None:
+            valid_loss = self.valid_loss_fn(params, valid, k_valid, aux)
+            record["valid_loss"] = jnp.where(active, valid_loss, jnp.nan)
+            better = active & (valid_loss < best_loss)
+            best_loss = jnp.where(better, valid_loss, best_loss)
+            best_params = jax.tree.map(lambda new, old: jnp.where(better, new, old), params, best_params)
+            since_best = jnp.where(better, 0, since_best + active.astype(jnp.int32))
+        if self.metrics_fn is not None:
+            record.update(self.metrics_fn(params, valid, k_valid))
+        return state._replace(best_loss=best_loss, best_params=best_params, since_best=since_best), record
+
+
+# Keyed by the part's value (a bound method compares its instance by identity): equal parts
 # built by separate fits share one jitted function, hence one compilation.
-@functools.lru_cache(maxsize=256)
-def _chunk_program(loop: EpochLoop, batched: bool) -> Callable[..., Any]:
-    return stage(loop.run_chunk, batched, (2,))
+@functools.lru_cache(maxsize=1024)
+def _program_of(part: EpochStart | StepBlock | EpochEnd, batched: bool, shared: tuple[int, ...]) -> Callable[..., Any]:
+    # the steps run the whole fit and compile once for every n: XLA's full optimisation
+    return stage(part.run, batched, shared, hot=isinstance(part, StepBlock))
 
 
 @functools.lru_cache(maxsize=256)

@@ -532,8 +532,11 @@ class _CachedProgram:
     ``static_argnames`` are the static arguments (``jax.jit``'s): part of the key, by their
     fingerprint; the other arguments are the program's (as positional arguments)."""
 
-    def __init__(self, traced: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = ()):
+    def __init__(
+        self, traced: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = (), hot: bool = False
+    ):
         self.traced = traced
+        self.hot = hot
         self.jitted = jax.jit(traced, static_argnames=static_argnames)
         self._with_options: dict[tuple[tuple[str, Any], ...], Callable[..., Any]] = {}
         self.fn = fn
@@ -550,7 +553,7 @@ class _CachedProgram:
     def _jit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``jax.jit`` of the traced function with the [`compiler_options`][compiler_options] of
         these arguments, called (the traced-as-usual path)."""
-        options = compiler_options(jax.tree.leaves((args, kwargs)))
+        options = self._options(jax.tree.leaves((args, kwargs)))
         if options is None:
             return self.jitted(*args, **kwargs)
         if options not in self._with_options:
@@ -558,6 +561,10 @@ class _CachedProgram:
                 self.traced, static_argnames=self.static_argnames, compiler_options=dict(options)
             )
         return self._with_options[options](*args, **kwargs)
+
+    def _options(self, leaves: list[Any]) -> tuple[tuple[str, Any], ...] | None:
+        """[`compiler_options`][compiler_options], except XLA's defaults for a hot program."""
+        return None if self.hot else compiler_options(leaves)
 
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -642,7 +649,7 @@ class _CachedProgram:
             if key not in _programs:
                 path = os.path.join(cache_dir, f"{key}.program")
                 call = self._with_static(names, static)
-                _programs[key] = self._load_or_export(path, call, leaves, in_tree, compiler_options(leaves))
+                _programs[key] = self._load_or_export(path, call, leaves, in_tree, self._options(leaves))
             return _programs[key]
 
     def _with_static(self, names: tuple[str, ...] | None, static: dict[str, Any]) -> Callable[..., Any]:
@@ -713,11 +720,13 @@ def _prune(folder: str) -> None:
             pass
 
 
-def cached_program(traced: Callable[..., Any], fn: Any, salt: str = "") -> Callable[..., Any]:
+def cached_program(traced: Callable[..., Any], fn: Any, salt: str = "", *, hot: bool = False) -> Callable[..., Any]:
     """``jax.jit(traced)`` (``traced`` built from ``fn``), with its traced programs kept in the
     program cache while one is enabled and the [`compiler_options`][compiler_options] of its
-    arguments; ``salt`` names how ``traced`` was built from ``fn`` (e.g. vmapped)."""
-    return _CachedProgram(traced, fn, salt)
+    arguments; ``salt`` names how ``traced`` was built from ``fn`` (e.g. vmapped). A ``hot``
+    program -- one that runs many times and is compiled once for every size of data, such as
+    a training run's steps -- compiles with XLA's defaults whatever its arguments' size."""
+    return _CachedProgram(traced, fn, salt, hot=hot)
 
 
 def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[str, ...] = ()) -> Any:

@@ -94,7 +94,7 @@ def leading_rows(tree: Any, batched: bool) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = ()) -> Callable[..., Any]:
+def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = (), hot: bool = False) -> Callable[..., Any]:
     """``fn`` compiled once (``jax.jit``), with every [`Packed`][Packed] argument rebuilt inside.
 
     Args:
@@ -102,6 +102,8 @@ def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = ()) -
         results are cached by ``(fn, batched, shared)``).
       batched: ``jax.vmap`` over a leading seed axis of every argument but ``shared``.
       shared: positions of arguments that all seeds share (no seed axis).
+      hot: XLA's default optimisations whatever the arguments' size
+        ([`opl_rank.program_cache.cached_program`][opl_rank.program_cache.cached_program]).
     """
 
     @functools.wraps(fn)  # the program is named after fn (jax.log_compiles, profiles)
@@ -113,7 +115,7 @@ def stage(fn: Callable[..., Any], batched: bool, shared: tuple[int, ...] = ()) -
     else:
         traced = unpacked
     # jitted and kept on disk as traced programs where the program cache is on (opl_rank.program_cache)
-    return cached_program(traced, fn, f"stage(batched={batched}, shared={shared})")
+    return cached_program(traced, fn, f"stage(batched={batched}, shared={shared})", hot=hot)
 
 
 def _arity(fn: Callable[..., Any]) -> int:

@@ -42,6 +42,10 @@ PROGRAM_CACHE_MAX_ENTRIES = 4096
 #: cached program (no host callback), so this trades dispatches against silence (~0.1-2 s
 #: per chunk at D = 10-100 on 2 CPU cores).
 CHUNK_STEPS = 256
+#: optimiser steps per call of a training run's step program (optimization.StepBlock): the
+#: program sees this many batches, never the data's size, so one program per loss serves
+#: every n; an epoch's last block is padded with skipped steps (docs/performance.md §28).
+STEP_BLOCK = 16
 
 #: On CPU, the programs of fit stages and ``cached_jit`` functions whose array arguments hold
 #: at most this many elements in all compile with FAST_COMPILE_OPTIONS: they run for less

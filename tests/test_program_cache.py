@@ -47,14 +47,14 @@ def test_keys_see_closed_over_values_and_refuse_user_code():
     def loop(learning_rate, loss=jnp.sum):
         return EpochLoop.of(loss, TrainConfig(epochs=2, batch_size=8, learning_rate=learning_rate), 16)
 
-    first = program_cache.fingerprint(loop(0.05).run_chunk)
+    first = program_cache.fingerprint(loop(0.05).steps.run)
     assert first is not None
-    assert program_cache.fingerprint(loop(0.05).run_chunk) == first  # equal settings, separate objects
-    assert program_cache.fingerprint(loop(0.1).run_chunk) != first  # the optimiser's closed-over rate
+    assert program_cache.fingerprint(loop(0.05).steps.run) == first  # equal settings, separate objects
+    assert program_cache.fingerprint(loop(0.1).steps.run) != first  # the optimiser's closed-over rate
     assert program_cache.fingerprint(jnp.sum) != program_cache.fingerprint(jnp.mean)
     assert program_cache.fingerprint(jnp.ones(3)) != program_cache.fingerprint(jnp.array([1.0, 1.0, 2.0]))
     # code outside the repository's packages and the pinned libraries cannot be keyed
-    assert program_cache.fingerprint(loop(0.05, loss=_loss).run_chunk) is None
+    assert program_cache.fingerprint(loop(0.05, loss=_loss).steps.run) is None
     assert program_cache.fingerprint(lambda x: x) is None
 
 
