@@ -46,6 +46,7 @@ import optax
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
+from opl_rank.program_cache import compiler_options
 from opl_rank.staging import leading_rows, pack, stage, unpack
 
 __all__ = [
@@ -382,6 +383,7 @@ def train_epochs(
         )
         state = state._replace(params=params, opt_state=opt_state, key=key)
         state, record = ender.run(state, (losses,), (finite,), active, k_valid, valid, aux)
+        record = {name: value[0] for name, value in record.items()}  # one epoch's
         if listener is not None:
             jax.debug.callback(_notify, listener, index + 1, record, ordered=True)
         return state, record
@@ -410,7 +412,7 @@ def chunk_epochs(epochs: int, n_rows: int, batch_size: int) -> int:
     vmapped run would compute in full). The host reports progress between chunks."""
     steps_per_epoch = max(n_rows // min(batch_size, n_rows), 1)
     fits = max(tuning.CHUNK_STEPS // steps_per_epoch, 1)
-    return max(d for d in range(1, min(fits, epochs) + 1) if epochs % d == 0)
+    return _divisor_at_most(epochs, fits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,20 +525,31 @@ def run_loop(
     if mesh is not None:
         data, aux, valid = _replicate((data, aux, valid), mesh)
     block = tuning.STEP_BLOCK
-    counts = [np.int32(min(block, n_batches - first)) for first in range(0, n_batches, block)]
     stopping = valid is not None and loop.patience is not None
-    starter = EpochStart(loop.epochs, loop.patience if stopping else None, min(loop.batch_size, n), block, loop.devices)
-    start = _program_of(starter, batched, (3,))
-    steps = _program_of(loop.steps, batched, (4,))
     evaluate = (loop.valid_loss_fn or loop.loss_fn) if valid is not None else None
-    end = _program_of(EpochEnd(evaluate, loop.metrics_fn, stopping, n_batches), batched, ())
+    # Without validation or metrics nothing happens between epochs but the steps: a call spans
+    # several epochs' batches (fewer calls at small n), within tuning.EPOCH_SPAN_BYTES of rows.
+    row_bytes = sum(x.nbytes for x in jax.tree.leaves(data)) / max(n, 1)
+    fits = tuning.EPOCH_SPAN_BYTES // max(int(row_bytes) * n_batches * min(loop.batch_size, n), 1)
+    span = 1 if evaluate is not None or loop.metrics_fn is not None else _divisor_at_most(loop.chunk, fits)
+    steps_per_call = span * n_batches
+    counts = [np.int32(min(block, steps_per_call - first)) for first in range(0, steps_per_call, block)]
+    starter = EpochStart(
+        loop.epochs, loop.patience if stopping else None, min(loop.batch_size, n), block, loop.devices, span
+    )
+    start = _program_of(starter, batched, (3,))
+    # The steps compile as a fit of this size's one program did (docs/performance.md §27-28):
+    # cheaper XLA options where the fit's arrays are small, XLA's full optimisation otherwise.
+    small_fit = compiler_options(jax.tree.leaves((state, data, aux, valid))) is not None
+    steps = _program_of(loop.steps, batched, (4,), not small_fit)
+    end = _program_of(EpochEnd(evaluate, loop.metrics_fn, stopping, n_batches, span), batched, ())
     histories: list[dict[str, np.ndarray]] = []
     for first in range(0, loop.epochs, loop.chunk):
         if mesh is not None:
             state = _replicate(state, mesh)
         records = []
         with partitioner(loop.devices, _one_key(state.key, batched)):
-            for index in range(first, first + loop.chunk):
+            for index in range(first, first + loop.chunk, span):
                 key, k_valid, active, blocks, keys = start(state.key, state.since_best, data, np.int32(index))
                 params, opt_state = state.params, state.opt_state
                 losses, finite = [], []
@@ -550,7 +563,7 @@ def run_loop(
                 state, record = end(state, tuple(losses), tuple(finite), active, k_valid, valid, aux)
                 records.append(record)
         fetched = jax.device_get(records)
-        history = {name: np.stack([r[name] for r in fetched], axis=-1) for name in fetched[0]}
+        history = {name: np.concatenate([r[name] for r in fetched], axis=-1) for name in fetched[0]}
         histories.append(history)
         if on_epoch is not None:
             _replay(on_epoch, history, first, batched)
@@ -562,9 +575,10 @@ def run_loop(
 
 @dataclasses.dataclass(frozen=True)
 class EpochStart:
-    """An epoch's start, as [`train_epochs`][train_epochs] begins it: its keys, whether it runs
-    (``active``), and the shuffled rows cut into blocks of ``block`` batches (the last block
-    padded with copies of the first batch, whose steps [`StepBlock`][StepBlock] skips).
+    """The start of ``span`` epochs, as [`train_epochs`][train_epochs] begins each: their keys,
+    whether each runs (``active``), and their shuffled rows one epoch after the other, cut into
+    blocks of ``block`` batches (the last block padded with copies of the first batch, whose
+    steps [`StepBlock`][StepBlock] skips).
 
     Attributes:
       epochs: epochs of the run.
@@ -572,6 +586,7 @@ class EpochStart:
       batch: rows per step.
       block: batches per block (``tuning.STEP_BLOCK``).
       devices: data parallelism ([`TrainConfig.devices`][TrainConfig]).
+      span: epochs started at once (more than 1 only where nothing runs between epochs).
     """
 
     epochs: int
@@ -579,33 +594,40 @@ class EpochStart:
     batch: int
     block: int
     devices: int | str | None = None
+    span: int = 1
 
     def run(self, key: jax.Array, since_best: jax.Array, data: Any, index: jax.Array) -> tuple:
-        """``-> (key, k_valid, active, blocks, keys)``: the next epoch's carried key, this
-        epoch's validation key, whether it runs, and per block the rows ``[block, batch, ..]``
-        (as ``data``) and the step keys ``[block]``. Pure."""
+        """``-> (key, k_valid [span], active [span], blocks, keys)``: the key carried past the
+        span, each epoch's validation key and whether it runs, and per block the rows
+        ``[block, batch, ..]`` (packed, as ``data``) and the step keys ``[block]``. Pure."""
         n = _n_rows(data)
         n_batches = n // self.batch
         n_keys = -(-n_batches // _KEY_BLOCK) * _KEY_BLOCK
-        n_blocks = -(-n_batches // self.block)
-        key, k_epoch, k_valid = jax.random.split(key, 3)
-        active = (index < self.epochs) & (
-            since_best < (self.patience if self.patience is not None else self.epochs + 1)
-        )
-        k_perm, k_steps = jax.random.split(k_epoch)
-        order = jax.random.permutation(k_perm, n)[: n_batches * self.batch].reshape(n_batches, self.batch)
-        step_keys = jax.random.split(k_steps, n_keys)[:n_batches]
-        padding = n_blocks * self.block - n_batches
+        n_steps = self.span * n_batches
+        n_blocks = -(-n_steps // self.block)
+
+        def one_epoch(key, e):
+            key, k_epoch, k_valid = jax.random.split(key, 3)
+            patience = self.patience if self.patience is not None else self.epochs + 1
+            active = (index + e < self.epochs) & (since_best < patience)
+            k_perm, k_steps = jax.random.split(k_epoch)
+            order = jax.random.permutation(k_perm, n)[: n_batches * self.batch].reshape(n_batches, self.batch)
+            return key, (k_valid, active, order, jax.random.split(k_steps, n_keys)[:n_batches])
+
+        key, (k_valid, active, order, step_keys) = jax.lax.scan(one_epoch, key, jnp.arange(self.span))
+        order = order.reshape(n_steps, self.batch)
+        step_keys = step_keys.reshape((n_steps,) + step_keys.shape[2:])
+        padding = n_blocks * self.block - n_steps
         order = jnp.concatenate([order, jnp.broadcast_to(order[:1], (padding, self.batch))])
         step_keys = jnp.concatenate([step_keys, jnp.broadcast_to(step_keys[:1], (padding,) + step_keys.shape[1:])])
         rows = _rows_of(data)
         cut = _shard_rows({name: value[order] for name, value in rows.items()}, data_mesh(self.devices), 1)
         blocks = tuple(
-            _with_rows(data, {name: value[j * self.block : (j + 1) * self.block] for name, value in cut.items()})
+            pack(_with_rows(data, {name: value[j * self.block : (j + 1) * self.block] for name, value in cut.items()}))
             for j in range(n_blocks)
         )
         keys = tuple(step_keys[j * self.block : (j + 1) * self.block] for j in range(n_blocks))
-        return key, k_valid, active, tuple(pack(b) for b in blocks), keys
+        return key, k_valid, active, blocks, keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -626,11 +648,13 @@ class StepBlock:
     def run(
         self, params: Any, opt_state: Any, rows: Any, keys: jax.Array, count: jax.Array, active: jax.Array, aux: Any
     ) -> tuple[Any, Any, jax.Array, jax.Array]:
-        """The first ``count`` of the block's steps when ``active`` (none otherwise): ``->
+        """The first ``count`` of the block's steps when ``active`` (all of a span's epochs;
+        none otherwise): ``->
         (params, opt_state, losses [block], finite [block])``, padding steps giving loss 0 and
         finite True. Pure."""
         mesh = data_mesh(self.devices)
         batches = _rows_of(rows)
+        active = jnp.all(active)
 
         def step(carry, batch_rows, k):
             params, opt_state = carry
@@ -672,20 +696,23 @@ class StepBlock:
 
 @dataclasses.dataclass(frozen=True)
 class EpochEnd:
-    """An epoch's end, as [`train_epochs`][train_epochs] ends it: its mean loss, first
-    non-finite step, validation loss and early-stopping state, and its history record.
+    """The end of ``span`` epochs, as [`train_epochs`][train_epochs] ends each: its mean loss,
+    first non-finite step, validation loss and early-stopping state, and its history record.
 
     Attributes:
       valid_loss_fn: loss on the validation rows (None: no validation rows).
       metrics_fn: ``(params, valid, key) -> {name: scalar}`` recorded after every epoch.
       stopping: early stopping on (validation rows and a patience).
       n_batches: steps of an epoch.
+      span: epochs ended at once (1 with validation rows or metrics, which need each epoch's
+        parameters).
     """
 
     valid_loss_fn: LossFn | None
     metrics_fn: Callable[[Any, Any, jax.Array], dict[str, jax.Array]] | None
     stopping: bool
     n_batches: int
+    span: int = 1
 
     def run(
         self,
@@ -697,31 +724,45 @@ class EpochEnd:
         valid: Any,
         aux: Any,
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        """``state`` after the epoch's steps -> ``(state, record)``. Pure."""
-        losses_all = jnp.concatenate(losses)[: self.n_batches]
-        finite_all = jnp.concatenate(finite)[: self.n_batches]
-        train_loss = jnp.where(active, jnp.sum(losses_all) / self.n_batches, jnp.float32(jnp.nan))
-        first_bad = jnp.where(jnp.all(finite_all), -1, jnp.argmin(finite_all)).astype(jnp.int32)
+        """``state`` after the span's steps -> ``(state, record)``, the record's entries
+        ``[span]``. Pure."""
+        if self.span > 1 and (self.valid_loss_fn is not None or self.metrics_fn is not None):
+            raise ValueError("EpochEnd: a span of several epochs has no per-epoch parameters to validate")
+        n_steps = self.span * self.n_batches
+        losses_all = jnp.concatenate(losses)[:n_steps].reshape(self.span, self.n_batches)
+        finite_all = jnp.concatenate(finite)[:n_steps].reshape(self.span, self.n_batches)
+        if self.span == 1:  # the one scan's sum over one epoch's losses, bit for bit
+            mean_loss = (jnp.sum(losses_all[0]) / self.n_batches)[None]
+        else:
+            mean_loss = jnp.sum(losses_all, axis=1) / self.n_batches
+        train_loss = jnp.where(active, mean_loss, jnp.float32(jnp.nan))
+        first_bad = jnp.where(jnp.all(finite_all, axis=1), -1, jnp.argmin(finite_all, axis=1)).astype(jnp.int32)
         record = {"train_loss": train_loss, "active": active, "nonfinite_step": jnp.where(active, first_bad, -1)}
         params, best_loss, best_params, since_best = state.params, state.best_loss, state.best_params, state.since_best
         if self.valid_loss_fn is not None:
-            valid_loss = self.valid_loss_fn(params, valid, k_valid, aux)
+            valid_loss = self.valid_loss_fn(params, valid, k_valid[0], aux)
             record["valid_loss"] = jnp.where(active, valid_loss, jnp.nan)
-            better = active & (valid_loss < best_loss)
+            better = active[0] & (valid_loss < best_loss)
             best_loss = jnp.where(better, valid_loss, best_loss)
             best_params = jax.tree.map(lambda new, old: jnp.where(better, new, old), params, best_params)
-            since_best = jnp.where(better, 0, since_best + active.astype(jnp.int32))
+            since_best = jnp.where(better, 0, since_best + active[0].astype(jnp.int32))
         if self.metrics_fn is not None:
-            record.update(self.metrics_fn(params, valid, k_valid))
+            record.update({name: v[None] for name, v in self.metrics_fn(params, valid, k_valid[0]).items()})
         return state._replace(best_loss=best_loss, best_params=best_params, since_best=since_best), record
+
+
+def _divisor_at_most(count: int, limit: int) -> int:
+    """The largest divisor of ``count`` that is at most ``limit`` (at least 1)."""
+    return max(d for d in range(1, max(min(count, limit), 1) + 1) if count % d == 0)
 
 
 # Keyed by the part's value (a bound method compares its instance by identity): equal parts
 # built by separate fits share one jitted function, hence one compilation.
 @functools.lru_cache(maxsize=1024)
-def _program_of(part: EpochStart | StepBlock | EpochEnd, batched: bool, shared: tuple[int, ...]) -> Callable[..., Any]:
-    # the steps run the whole fit and compile once for every n: XLA's full optimisation
-    return stage(part.run, batched, shared, hot=isinstance(part, StepBlock))
+def _program_of(
+    part: EpochStart | StepBlock | EpochEnd, batched: bool, shared: tuple[int, ...], hot: bool = False
+) -> Callable[..., Any]:
+    return stage(part.run, batched, shared, hot)
 
 
 @functools.lru_cache(maxsize=256)

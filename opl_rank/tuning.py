@@ -46,6 +46,10 @@ CHUNK_STEPS = 256
 #: program sees this many batches, never the data's size, so one program per loss serves
 #: every n; an epoch's last block is padded with skipped steps (docs/performance.md §28).
 STEP_BLOCK = 16
+#: bytes of shuffled rows one call of a run without validation may start: its epochs' batches
+#: follow each other through the step program across epoch boundaries, so a small data set
+#: costs a few calls per chunk of epochs instead of three per epoch (optimization.run_loop).
+EPOCH_SPAN_BYTES = 2**26
 
 #: On CPU, the programs of fit stages and ``cached_jit`` functions whose array arguments hold
 #: at most this many elements in all compile with FAST_COMPILE_OPTIONS: they run for less
