@@ -46,7 +46,7 @@ import optax
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData
-from opl_rank.program_cache import compiler_options
+from opl_rank.program_cache import small_arguments
 from opl_rank.staging import leading_rows, pack, stage, unpack
 
 __all__ = [
@@ -540,7 +540,7 @@ def run_loop(
     start = _program_of(starter, batched, (3,))
     # The steps compile as a fit of this size's one program did (docs/performance.md §27-28):
     # cheaper XLA options where the fit's arrays are small, XLA's full optimisation otherwise.
-    small_fit = compiler_options(jax.tree.leaves((state, data, aux, valid))) is not None
+    small_fit = small_arguments(jax.tree.leaves((state, data, aux, valid)))
     steps = _program_of(loop.steps, batched, (4,), not small_fit)
     end = _program_of(EpochEnd(evaluate, loop.metrics_fn, stopping, n_batches, span), batched, ())
     histories: list[dict[str, np.ndarray]] = []

@@ -532,28 +532,53 @@ def _load(blob: bytes, options: tuple[tuple[str, Any], ...] | None) -> _Program:
     return _Program(exported, entry["out_tree"], entry["in"], entry["out"], options)
 
 
-def compiler_options(leaves: list[Any]) -> tuple[tuple[str, Any], ...] | None:
-    """The XLA options a program of these arguments compiles with (None: XLA's defaults).
-
-    On CPU, a program whose array arguments hold at most ``tuning.FAST_COMPILE_MAX_ELEMENTS``
-    elements in all gets ``tuning.FAST_COMPILE_OPTIONS`` (LLVM level 1, no MLIR fusion
-    emitters): such programs -- a fit's training chunks at D = 10 and a few thousand rounds --
-    run for less than their compilation takes, which these options cut by about a third
-    without slowing their steps measurably (docs/performance.md §27). Options that
-    ``XLA_FLAGS`` names are left to it (the test suite's level 0)."""
+def small_arguments(leaves: list[Any]) -> bool:
+    """Whether these are a small program's arguments on CPU: at most
+    ``tuning.FAST_COMPILE_MAX_ELEMENTS`` array elements in all (never under a transformation)."""
     from opl_rank import tuning
 
-    if not tuning.FAST_COMPILE_OPTIONS or tuning.FAST_COMPILE_MAX_ELEMENTS <= 0:
-        return None
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-        return None
+    if tuning.FAST_COMPILE_MAX_ELEMENTS <= 0 or any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return False
     if _platform(leaves) != "cpu":
+        return False
+    return sum(int(np.prod(np.shape(x))) for x in leaves if hasattr(x, "shape")) <= tuning.FAST_COMPILE_MAX_ELEMENTS
+
+
+def compiler_options(leaves: list[Any], *, hot: bool = False) -> tuple[tuple[str, Any], ...] | None:
+    """The XLA options a program of these arguments compiles with (None: XLA's defaults).
+
+    On CPU every program gets ``tuning.CPU_COMPILE_OPTIONS`` (library fusions for matrix
+    products only: XLA's own loops for elementwise work and reductions, about a third faster
+    for the training steps at D = 10; docs/performance.md §29). A program whose array
+    arguments are small ([`small_arguments`][small_arguments]) also gets
+    ``tuning.FAST_COMPILE_OPTIONS`` (LLVM level 1, no MLIR fusion emitters) unless it is
+    ``hot``: such programs -- a fit's training chunks at D = 10 and a few thousand rounds --
+    run for less than their compilation takes, which these options cut by about a third
+    without slowing their steps measurably (docs/performance.md §27). Options that
+    ``XLA_FLAGS`` names are left to it (the test suite's level 0), and options this jaxlib
+    does not know are dropped."""
+    from opl_rank import tuning
+
+    if any(isinstance(x, jax.core.Tracer) for x in leaves) or _platform(leaves) != "cpu":
         return None
-    if sum(int(np.prod(np.shape(x))) for x in leaves if hasattr(x, "shape")) > tuning.FAST_COMPILE_MAX_ELEMENTS:
-        return None
+    chosen = tuple(tuning.CPU_COMPILE_OPTIONS)
+    if not hot and small_arguments(leaves):
+        chosen += tuple(tuning.FAST_COMPILE_OPTIONS)
     flags = os.environ.get("XLA_FLAGS", "")
-    chosen = tuple((name, value) for name, value in tuning.FAST_COMPILE_OPTIONS if f"--{name}" not in flags)
+    chosen = tuple(option for option in chosen if f"--{option[0]}" not in flags and _known_option(*option))
     return chosen or None
+
+
+@functools.cache
+def _known_option(name: str, value: Any) -> bool:
+    """Whether this jaxlib's CPU compiler accepts the option (a trivial program, compiled once)."""
+    try:
+        x = jax.device_put(np.float32(0), jax.devices("cpu")[0])
+        jax.jit(lambda x: x + 1).lower(x).compile(compiler_options={name: value})
+    except Exception as err:  # an older or newer XLA: that option is not there, or not with this value
+        log.debug("XLA option %s=%r not available (%s)", name, value, err)
+        return False
+    return True
 
 
 class _CachedProgram:
@@ -594,8 +619,8 @@ class _CachedProgram:
         return self._with_options[options](*args, **kwargs)
 
     def _options(self, leaves: list[Any]) -> tuple[tuple[str, Any], ...] | None:
-        """[`compiler_options`][compiler_options], except XLA's defaults for a hot program."""
-        return None if self.hot else compiler_options(leaves)
+        """[`compiler_options`][compiler_options] (a hot program never gets the cheap ones)."""
+        return compiler_options(leaves, hot=self.hot)
 
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -673,14 +698,19 @@ class _CachedProgram:
             sources = _check_sources()
         if sources is None:
             return None
-        key = hashlib.sha256(repr((fingerprinted, self.salt, structure, signature[1:], sources)).encode()).hexdigest()
+        # The options are in the key: the same function's program may be hot in one fit and
+        # small in another, and a program compiles with the options it was first loaded with.
+        options = self._options(leaves)
+        key = hashlib.sha256(
+            repr((fingerprinted, self.salt, structure, signature[1:], sources, options)).encode()
+        ).hexdigest()
         with _lock:
             key_lock = _key_locks.setdefault(key, threading.Lock())
         with key_lock:
             if key not in _programs:
                 path = os.path.join(cache_dir, f"{key}.program")
                 call = self._with_static(names, static)
-                _programs[key] = self._load_or_export(path, call, leaves, in_tree, self._options(leaves))
+                _programs[key] = self._load_or_export(path, call, leaves, in_tree, options)
             return _programs[key]
 
     def _with_static(self, names: tuple[str, ...] | None, static: dict[str, Any]) -> Callable[..., Any]:

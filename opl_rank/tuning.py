@@ -58,6 +58,12 @@ EPOCH_SPAN_BYTES = 2**26
 FAST_COMPILE_MAX_ELEMENTS = 2**17
 #: XLA debug options of those programs (each unless XLA_FLAGS names it).
 FAST_COMPILE_OPTIONS = (("xla_backend_optimization_level", 1), ("xla_cpu_use_fusion_emitters", False))
+#: XLA debug options of every program-cached program on CPU (each unless XLA_FLAGS names it, and
+#: where this jaxlib knows it): YNNPACK library fusions for matrix products only. XLA's default
+#: also hands reductions and the elementwise work around them to the library, which on
+#: these small row blocks made a training step of IIPS or DR about 1.5x slower
+#: (program_cache.compiler_options; docs/performance.md §29). Empty: XLA's defaults.
+CPU_COMPILE_OPTIONS = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),)
 
 # --- kernels: unrolling and sampler choice (PL maths) ---------------------------------
 

@@ -307,17 +307,24 @@ def test_a_later_process_loads_a_fits_programs_and_gets_the_same_numbers(tmp_pat
     assert cold["value"] == warm["value"] == plain["value"] and cold["stderr"] == warm["stderr"] == plain["stderr"]
 
 
-def test_small_cpu_programs_get_the_fast_compile_options(monkeypatch):
+def test_cpu_programs_get_the_cpu_options_and_small_ones_the_fast_ones(monkeypatch):
     from opl_rank import tuning
 
     monkeypatch.setenv("XLA_FLAGS", "")
+    cpu, fast = tuning.CPU_COMPILE_OPTIONS, tuning.FAST_COMPILE_OPTIONS
     small, large = [jnp.zeros((4, 8)), jax.random.key(0)], [jnp.zeros(tuning.FAST_COMPILE_MAX_ELEMENTS + 1)]
-    assert program_cache.compiler_options(small) == tuning.FAST_COMPILE_OPTIONS
-    assert program_cache.compiler_options(large) is None
+    assert program_cache.compiler_options(small) == cpu + fast
+    assert program_cache.compiler_options(small, hot=True) == cpu  # a hot program: never the cheap ones
+    assert program_cache.compiler_options(large) == cpu
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")  # XLA_FLAGS keeps what it names
-    assert program_cache.compiler_options(small) == (("xla_cpu_use_fusion_emitters", False),)
+    assert program_cache.compiler_options(small) == cpu + (("xla_cpu_use_fusion_emitters", False),)
     monkeypatch.setattr(tuning, "FAST_COMPILE_MAX_ELEMENTS", 0)
+    assert program_cache.compiler_options(small) == cpu
+    monkeypatch.setattr(tuning, "CPU_COMPILE_OPTIONS", ())
     assert program_cache.compiler_options(small) is None
+    # an option this jaxlib does not know (or not with that value) is dropped, not an error
+    monkeypatch.setattr(tuning, "CPU_COMPILE_OPTIONS", (("xla_cpu_no_such_option", 1),) + cpu)
+    assert program_cache.compiler_options(large) == cpu
 
 
 @pytest.mark.parametrize("programs", [False, True])
@@ -325,6 +332,7 @@ def test_the_options_reach_the_compiler_and_keep_the_values(cache, monkeypatch, 
     from opl_rank import tuning
 
     monkeypatch.setenv("XLA_FLAGS", "")  # the tests' own flags name every option
+    monkeypatch.setattr(program_cache, "_known_option", lambda name, value: True)  # no probe: reach XLA
     if not programs:
         monkeypatch.setattr(program_cache, "_dir", None)
     x = jnp.linspace(0.0, 3.0, 64).reshape(8, 8)
