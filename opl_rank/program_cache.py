@@ -561,22 +561,28 @@ def compiler_options(leaves: list[Any], *, hot: bool = False) -> tuple[tuple[str
 
     if any(isinstance(x, jax.core.Tracer) for x in leaves) or _platform(leaves) != "cpu":
         return None
-    chosen = tuple(tuning.CPU_COMPILE_OPTIONS)
+    chosen: tuple[tuple[str, Any], ...] = tuple(tuning.CPU_COMPILE_OPTIONS)
     if not hot and small_arguments(leaves):
         chosen += tuple(tuning.FAST_COMPILE_OPTIONS)
     flags = os.environ.get("XLA_FLAGS", "")
-    chosen = tuple(option for option in chosen if f"--{option[0]}" not in flags and _known_option(*option))
-    return chosen or None
+    return _known_options(tuple(option for option in chosen if f"--{option[0]}" not in flags)) or None
 
 
 @functools.cache
-def _known_option(name: str, value: Any) -> bool:
-    """Whether this jaxlib's CPU compiler accepts the option (a trivial program, compiled once)."""
+def _known_options(options: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """Those of the options this jaxlib's CPU compiler accepts: a trivial program compiled
+    once with all of them (about 30 ms, once per process), and one by one only if that fails."""
+    if not options or _accepts(options):
+        return options
+    return tuple(option for option in options if _accepts((option,)))
+
+
+def _accepts(options: tuple[tuple[str, Any], ...]) -> bool:
     try:
         x = jax.device_put(np.float32(0), jax.devices("cpu")[0])
-        jax.jit(lambda x: x + 1).lower(x).compile(compiler_options={name: value})
-    except Exception as err:  # an older or newer XLA: that option is not there, or not with this value
-        log.debug("XLA option %s=%r not available (%s)", name, value, err)
+        jax.jit(lambda x: x + 1).lower(x).compile(compiler_options=dict(options))
+    except Exception as err:  # an older or newer XLA: an option is not there, or not with this value
+        log.debug("XLA options %r not all available (%s)", options, err)
         return False
     return True
 

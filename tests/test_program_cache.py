@@ -327,12 +327,24 @@ def test_cpu_programs_get_the_cpu_options_and_small_ones_the_fast_ones(monkeypat
     assert program_cache.compiler_options(large) == cpu
 
 
+def test_a_hot_and_a_cheap_program_of_one_function_are_two_programs(cache, monkeypatch):
+    """A training step never sees n: a small fit (cheap options) and a large one (hot) share its
+    signature, and each must still compile with its own options, whichever ran first."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    x = jnp.linspace(0.0, 3.0, 64).reshape(8, 8)
+    fn = functools.partial(jnp.linalg.norm, axis=1)
+    cheap, hot = program_cache.cached_program(fn, fn, "t"), program_cache.cached_program(fn, fn, "t", hot=True)
+    assert cheap._options([x]) != hot._options([x])
+    np.testing.assert_array_equal(hot(x), cheap(x))
+    assert program_cache.stats()["exported"] == 2 and len(list(cache.iterdir())) == 2
+
+
 @pytest.mark.parametrize("programs", [False, True])
 def test_the_options_reach_the_compiler_and_keep_the_values(cache, monkeypatch, programs):
     from opl_rank import tuning
 
     monkeypatch.setenv("XLA_FLAGS", "")  # the tests' own flags name every option
-    monkeypatch.setattr(program_cache, "_known_option", lambda name, value: True)  # no probe: reach XLA
+    monkeypatch.setattr(program_cache, "_known_options", lambda options: options)  # no probe: reach XLA
     if not programs:
         monkeypatch.setattr(program_cache, "_dir", None)
     x = jnp.linspace(0.0, 3.0, 64).reshape(8, 8)
