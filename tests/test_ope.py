@@ -131,6 +131,32 @@ def test_select_k_returns_the_best_estimate_and_validates(setting):
         select_k(data, make_key(0), config, ks=(0, 7))
 
 
+def test_select_k_warns_once_per_selection_for_degenerate_weights(setting, monkeypatch):
+    """One warning for the selection, naming every k whose hold-out estimate has degenerate
+    weights, instead of one per k from ope.evaluate; the table and the choice are unchanged."""
+    import warnings
+
+    from opl_rank.opl.learners import LearnerConfig
+    from opl_rank.opl.select_k import select_k
+
+    _, data, _, _, _ = setting
+    fast = TrainConfig(epochs=2, batch_size=512, learning_rate=5e-2)
+    config = LearnerConfig("rpod", k=0, reward_model="additive", train=fast, reward_train=fast)
+    rows = data.take(np.arange(600))
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        plain = select_k(rows, make_key(3), config, ks=(0, 1), estimator="dr")
+    assert not [w for w in quiet if issubclass(w.category, ope.DegenerateWeightsWarning)]
+    monkeypatch.setattr(ope, "DEGENERATE_ESS_FRACTION", 2.0)  # every estimate counts as degenerate
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flagged = select_k(rows, make_key(3), config, ks=(0, 1), estimator="dr")
+    messages = [str(w.message) for w in caught if issubclass(w.category, ope.DegenerateWeightsWarning)]
+    assert len(messages) == 1 and messages[0].startswith("select_k: estimator 'dr'"), messages
+    assert "k = 0, 1" in messages[0] and "180 hold-out rounds" in messages[0]
+    assert flagged.k == plain.k and flagged.table == plain.table
+
+
 @pytest.mark.slow
 def test_select_k_fits_f_hat_once_and_matches_separate_fits(setting, monkeypatch):
     """The candidates share one f_hat fit (not one per k) and are bit for bit the policies

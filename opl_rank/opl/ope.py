@@ -51,7 +51,15 @@ from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms, model_terms, model_values
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities
 
-__all__ = ["OPEResult", "DegenerateWeightsWarning", "model_values", "evaluate", "MIN_ESS", "DEGENERATE_ESS_FRACTION"]
+__all__ = [
+    "OPEResult",
+    "DegenerateWeightsWarning",
+    "degenerate",
+    "model_values",
+    "evaluate",
+    "MIN_ESS",
+    "DEGENERATE_ESS_FRACTION",
+]
 
 DEGENERATE_ESS_FRACTION = 0.01  # warn (and add a caveat) when ESS < 1% of n
 MIN_ESS = 1.5
@@ -64,6 +72,12 @@ class DegenerateWeightsWarning(RuntimeWarning):
     """[`evaluate`][evaluate]: an estimator's importance weights are degenerate -- their
     effective sample size is below 1% of n (e.g. all weights 0, or one weight dominating)
     or not finite -- so its estimate (and interval) should not be trusted."""
+
+
+def degenerate(result: OPEResult) -> bool:
+    """Whether a result's importance weights are degenerate: ESS not finite or below
+    ``DEGENERATE_ESS_FRACTION`` of its rounds, or the estimate not estimable."""
+    return not math.isfinite(result.ess) or result.ess < DEGENERATE_ESS_FRACTION * result.n or not result.estimable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +230,7 @@ def evaluate(
     level: float = 0.95,
     n_samples: int = 256,
     inputs: Mapping[str, Any] | None = None,
+    warn_degenerate: bool = True,
 ) -> dict[str, OPEResult]:
     """Estimate ``V(policy)`` from logged data with each of ``estimators``.
 
@@ -234,6 +249,9 @@ def evaluate(
       inputs: per estimator, what to give its own inputs hook instead of letting it build
         them (``{"cascade_dr": {"q": array [n, L, D]}}``: a fitted Q;
         [`opl_rank.opl.estimator_inputs.InputRequest`][opl_rank.opl.estimator_inputs.InputRequest]'s ``given``).
+      warn_degenerate: warn (a [`DegenerateWeightsWarning`][DegenerateWeightsWarning]) for each result
+        with degenerate weights; a caller that reports them itself (``select_k``: one warning per
+        selection) passes False. The results say the same either way.
 
     Returns:
       ``{name: OPEResult}``. A result that cannot be trusted says so (module doc): not
@@ -324,7 +342,7 @@ def evaluate(
         results[name] = OPEResult(
             name, value, stderr, low, high, method, n, ess, max_weight, estimable, reason, model_only, caveat
         )
-        if not math.isfinite(ess) or ess < DEGENERATE_ESS_FRACTION * n or not estimable:
+        if warn_degenerate and degenerate(results[name]):
             if not estimable:
                 verdict = f"it is reported as not estimable: {reason}"
             elif model_only:

@@ -14,6 +14,7 @@ the candidates are bit for bit what separate fits return, with one reward fit in
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,6 +89,7 @@ def select_k(
     shared = fit_reward(train, k_fit, config) if shares_reward_model(config) else None
     table: list[dict[str, Any]] = []
     policies: dict[int, Any] = {}
+    weak: list[tuple[int, float, int]] = []  # (k, ESS, hold-out rounds) of degenerate estimates
     for k in ks:
         policy = fit(train, k_fit, dataclasses.replace(config, k=k), reward_params=shared)
         result = ope.evaluate(
@@ -99,7 +101,10 @@ def select_k(
             k=k if entry.uses_k else None,
             ci=ci,
             n_samples=n_samples,
+            warn_degenerate=False,  # one warning for the selection below, not one per k
         )[estimator]
+        if ope.degenerate(result):
+            weak.append((k, result.ess, result.n))
         policies[k] = policy
         table.append(
             {
@@ -112,6 +117,17 @@ def select_k(
                 "estimable": result.estimable,
                 "reason": result.reason,
             }
+        )
+    if weak:
+        warnings.warn(
+            ope.DegenerateWeightsWarning(
+                f"select_k: estimator {estimator!r} has degenerate importance weights on the {weak[0][2]} hold-out "
+                f"rounds at k = {', '.join(str(k) for k, _, _ in weak)} (effective sample sizes "
+                f"{', '.join(f'{ess:.3g}' for _, ess, _ in weak)}; below {ope.DEGENERATE_ESS_FRACTION:.0%} of n, or "
+                "not finite): those candidates' estimates rest on the reward model or are not reliable "
+                "(KSelection.table: each k's ess, estimable and reason)"
+            ),
+            stacklevel=2,
         )
     candidates = [row for row in table if row["estimable"]]
     if not candidates:
