@@ -538,8 +538,9 @@ def run_loop(
         loop.epochs, loop.patience if stopping else None, min(loop.batch_size, n), block, loop.devices, span
     )
     start = _program_of(starter, batched, (3,))
-    # The steps compile as a fit of this size's one program did (docs/performance.md §27-28):
-    # cheaper XLA options where the fit's arrays are small, XLA's full optimisation otherwise.
+    # The steps compile as a fit of this size's one program did (docs/performance.md §27-29):
+    # cheaper XLA options where the fit's arrays are small, full optimisation otherwise (on CPU
+    # both with tuning.CPU_COMPILE_OPTIONS).
     small_fit = small_arguments(jax.tree.leaves((state, data, aux, valid)))
     steps = _program_of(loop.steps, batched, (4,), not small_fit)
     end = _program_of(EpochEnd(evaluate, loop.metrics_fn, stopping, n_batches, span), batched, ())

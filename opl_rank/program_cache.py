@@ -33,8 +33,9 @@ too, so a warm run's results equal the cold run's bit for bit (tested).
 
 The folder keeps at most ``tuning.PROGRAM_CACHE_MAX_ENTRIES`` programs, the most recently used.
 
-Cached or not, these programs compile on CPU with cheaper XLA options where their arrays are
-small ([`compiler_options`][compiler_options]; docs/performance.md §27).
+Cached or not, these programs compile on CPU with ``tuning.CPU_COMPILE_OPTIONS`` (library
+fusions for matrix products only; docs/performance.md §29) and with cheaper XLA options where
+their arrays are small ([`compiler_options`][compiler_options]; docs/performance.md §27).
 
 The ``opl-rank`` command turns it on next to the compilation cache
 (``<compilation cache>/programs``); ``OPL_RANK_PROGRAM_CACHE=0`` turns it off. The library never
