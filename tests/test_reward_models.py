@@ -89,6 +89,44 @@ def test_last_slot_completion_is_exact_enumeration(ties):
     np.testing.assert_array_equal(np.asarray(completed[..., -1:]), np.asarray(last))
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_two_item_tails_of_all_items_are_the_free_items_tails(ties, monkeypatch):
+    # complete_exact's two ways to enumerate two-item tails (all items, masked; the free
+    # items only) give the same tails, ties (the lexicographically first) and excluded
+    # candidates included, and each tail is the argmax of f over every completion.
+    from opl_rank import tuning
+    from opl_rank.opl import completion
+
+    n_items, n_slots, k = 10, 5, 3
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(4, 64, n_items)).astype(np.float32)
+    v = rng.normal(size=(n_items, n_items)).astype(np.float32)
+    if ties:
+        g, v = np.round(g), np.round(v)
+    g[:, :8, 7:] = -1e30  # excluded candidates, as a reward model's `where` gives them
+    v = completion.zero_diagonal(jnp.asarray(v))
+    alpha = 1.0 / jnp.log2(jnp.arange(2, n_slots + 2, dtype=jnp.float32))
+    prefixes = pl.sample_rankings(make_key(15), jnp.zeros((4, 64, n_items)), k)
+    all_items = np.asarray(completion.complete_exact(jnp.asarray(g), v, alpha, prefixes))
+    monkeypatch.setattr(tuning, "ALL_ITEM_TAILS_RATIO", 0)
+    np.testing.assert_array_equal(all_items, np.asarray(completion.complete_exact(jnp.asarray(g), v, alpha, prefixes)))
+    # f of each prefix with every pair of other items, by brute force
+    ranked = np.concatenate([np.asarray(prefixes), all_items], -1)
+    alpha_np, v_np = np.asarray(alpha), np.asarray(v)
+
+    def f(r):  # r: [L] one ranking; gx: [D]
+        return sum(
+            alpha_np[l] * (gx[r[l]] + sum(v_np[r[m], r[l]] for m in range(n_slots) if m != l)) for l in range(n_slots)
+        )
+
+    for s, i in [(0, 0), (1, 5), (2, 20), (3, 63)]:
+        gx, p = g[s, i], list(np.asarray(prefixes)[s, i])
+        best = max(
+            f(p + [a, b]) for a in range(n_items) for b in range(n_items) if a != b and a not in p and b not in p
+        )
+        assert f(list(ranked[s, i])) == pytest.approx(best, rel=1e-5, abs=1e-4)
+
+
 @pytest.mark.slow
 def test_greedy_completion_is_valid_and_never_better_than_exact(fitted):
     _, models, x = fitted

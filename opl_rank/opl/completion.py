@@ -80,10 +80,20 @@ def slot_gains(
 
 def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
     """The argmax tail of every prefix by enumeration: ``[.., n, D], [D, D], [L], int [.., n, k]
-    -> int32 [.., n, L - k]``. Cost ``O((D-k)!/(D-L)! * (D-k)^2)`` per prefix."""
+    -> int32 [.., n, L - k]`` (the first best tail in lexicographic order of its items).
+
+    Tails of the free items (``(D-k)!/(D-L)!``, ``O((D-k)^2)`` each) need ``V`` restricted to
+    each prefix's free items first: small batched matrix products. Two-item tails instead
+    enumerate pairs of any items (``D (D-1)``), read each one's value by gathers, mask those
+    holding a prefix item, and share ``V``'s part of a tail's value across rows and prefixes:
+    the same tails and ties, ~3x faster at D = 10, k = 3 (docs/performance.md §30), while at
+    most ``tuning.ALL_ITEM_TAILS_RATIO`` times as many tails. Longer tails keep the free items
+    (there all items' tails measured slower)."""
     n_items = g.shape[-1]
     k = prefixes.shape[-1]
     rest = alpha.shape[0] - k
+    if rest == 2 and math.perm(n_items, rest) <= tuning.ALL_ITEM_TAILS_RATIO * math.perm(n_items - k, rest):
+        return _complete_exact_all_items(g, v, alpha, prefixes)
     n_free = n_items - k
     # Tails as ranks among the free items: the same patterns for every prefix.
     patterns = np.array(list(itertools.permutations(range(n_free), rest)), np.int32)  # [C, rest]
@@ -112,6 +122,27 @@ def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.A
     free_items = jnp.round(free @ jnp.arange(n_items, dtype=jnp.float32)).astype(jnp.int32)  # [.., n, F]
     best = jnp.asarray(patterns)[jnp.argmax(scores, axis=-1)]  # [.., n, rest]
     return jnp.take_along_axis(free_items, best, axis=-1)
+
+
+def _complete_exact_all_items(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
+    """[`complete_exact`][complete_exact] over tails of all ``D`` items, those holding a prefix item masked."""
+    n_items = g.shape[-1]
+    k = prefixes.shape[-1]
+    rest = alpha.shape[0] - k
+    tails = np.array(list(itertools.permutations(range(n_items), rest)), np.int32)  # [C, rest], lexicographic
+    # sum_{j != j'} alpha_{k+j} V(t_j', t_j): the same for every row and prefix
+    pair = jnp.zeros(len(tails), v.dtype)
+    for j in range(rest):
+        for j2 in range(rest):
+            if j != j2:
+                pair = pair + v[tails[:, j2], tails[:, j]] * alpha[k + j]
+    pair = pair.reshape((1,) * (g.ndim - 1) + (-1,))  # [.., 1, C]
+    placed = one_hot_sum(prefixes, n_items)
+    weighted = one_hot_sum(prefixes, n_items, alpha[:k])
+    gains = slot_gains(g, v, alpha, placed, weighted, k, rest)  # [.., n, D, rest]
+    scores = sum(gains[..., tails[:, j], j] for j in range(rest)) + pair  # [.., n, C]
+    taken = sum(placed[..., tails[:, j]] for j in range(rest)) > 0.5  # the tail holds a prefix item
+    return jnp.asarray(tails)[jnp.argmax(jnp.where(taken, -jnp.inf, scores), axis=-1)]
 
 
 def complete_last_slot(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
