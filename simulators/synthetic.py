@@ -36,6 +36,7 @@ from opl_rank.data import LoggedData
 from opl_rank.metrics import dcg_position_weights
 from opl_rank.opl import completion
 from opl_rank.pl import plackett_luce as pl
+from opl_rank.reductions import first_argmax
 from simulators.logging_policies import PlackettLuceLinear, UniformLogging, as_logging_policy
 from simulators.rollout import PolicyValue, evaluate_policy, rollout_logging_policy
 
@@ -228,22 +229,24 @@ def _best_by_enumeration(reward_model: InteractionRewards, context: jax.Array, a
     """``argmax_a sum_l alpha_l q_l(x, a)`` over all ``D!/(D-L)!`` rankings, as one program:
     ``[n, dx], [L] -> [n, L]`` int32. The interaction part of a ranking's value is context-free
     (one constant per ranking, or per behaviour and ranking), so values are a matrix product
-    plus a constant, taken over contexts in batches of bounded size."""
+    plus a constant, taken over contexts in batches of about 2^20 values (4 MB, within the
+    CPU's cache: D = 10, L = 5, 20,000 contexts in 0.36 s against 1.5 s with batches of 2^24 and
+    ``jnp.argmax``, docs/performance.md §30)."""
     base = reward_model.item_base(context)  # [n, D]
     n_items, n_slots = base.shape[-1], alpha.shape[0]
     n_rank = math.perm(n_items, n_slots)
     perms = jnp.asarray(pl.all_rankings(n_items, n_slots))  # [P, L]
     weights = jnp.einsum("l,pld->dp", alpha, jax.nn.one_hot(perms, n_items))  # [D, P]
-    rows = max(1, min(context.shape[0], 2**24 // n_rank))
+    rows = max(1, min(context.shape[0], 2**20 // n_rank))
     if reward_model.behaviour_masks is None:
         inter = reward_model.lam * (reward_model.interaction_sum(perms) @ alpha)  # [P]
-        best = jax.lax.map(lambda b: jnp.argmax(b @ weights + inter), base, batch_size=rows)  # per context
+        best = jax.lax.map(lambda b: first_argmax(b @ weights + inter), base, batch_size=rows)  # per context
         return perms[best]
     inters = reward_model.lam * jnp.stack(  # [B, P]: every ranking's interaction value under each behaviour
         [masked_interaction_sum(reward_model.interaction, perms, m[None]) @ alpha for m in reward_model.behaviour_masks]
     )
     best = jax.lax.map(
-        lambda bi: jnp.argmax(bi[0] @ weights + inters[bi[1]]),
+        lambda bi: first_argmax(bi[0] @ weights + inters[bi[1]]),
         (base, reward_model.behaviour_index(context)),
         batch_size=rows,
     )

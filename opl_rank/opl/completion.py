@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank import tuning
+from opl_rank.reductions import first_argmax
 
 __all__ = [
     "slot_gains",
@@ -120,7 +121,7 @@ def complete_exact(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.A
         "...ab,cab->...c", v_free, pair_alpha
     )
     free_items = jnp.round(free @ jnp.arange(n_items, dtype=jnp.float32)).astype(jnp.int32)  # [.., n, F]
-    best = jnp.asarray(patterns)[jnp.argmax(scores, axis=-1)]  # [.., n, rest]
+    best = jnp.asarray(patterns)[first_argmax(scores)]  # [.., n, rest]
     return jnp.take_along_axis(free_items, best, axis=-1)
 
 
@@ -136,13 +137,14 @@ def _complete_exact_all_items(g: jax.Array, v: jax.Array, alpha: jax.Array, pref
         for j2 in range(rest):
             if j != j2:
                 pair = pair + v[tails[:, j2], tails[:, j]] * alpha[k + j]
-    pair = pair.reshape((1,) * (g.ndim - 1) + (-1,))  # [.., 1, C]
+    pair = pair.reshape((-1,) + (1,) * (g.ndim - 1))  # [C, 1..]
     placed = one_hot_sum(prefixes, n_items)
     weighted = one_hot_sum(prefixes, n_items, alpha[:k])
-    gains = slot_gains(g, v, alpha, placed, weighted, k, rest)  # [.., n, D, rest]
-    scores = sum(gains[..., tails[:, j], j] for j in range(rest)) + pair  # [.., n, C]
-    taken = sum(placed[..., tails[:, j]] for j in range(rest)) > 0.5  # the tail holds a prefix item
-    return jnp.asarray(tails)[jnp.argmax(jnp.where(taken, -jnp.inf, scores), axis=-1)]
+    # tails on the leading axis: where XLA's gathers put them (a trailing axis costs transposes)
+    gains = jnp.moveaxis(slot_gains(g, v, alpha, placed, weighted, k, rest), -2, 0)  # [D, .., n, rest]
+    scores = sum(gains[tails[:, j], ..., j] for j in range(rest)) + pair  # [C, .., n]
+    taken = sum(jnp.moveaxis(placed, -1, 0)[tails[:, j]] for j in range(rest)) > 0.5  # holds a prefix item
+    return jnp.asarray(tails)[first_argmax(jnp.where(taken, -jnp.inf, scores), axis=0)]
 
 
 def complete_last_slot(g: jax.Array, v: jax.Array, alpha: jax.Array, prefixes: jax.Array) -> jax.Array:
