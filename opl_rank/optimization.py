@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from opl_rank import tuning
+from opl_rank import prng, tuning
 from opl_rank.data import LoggedData
 from opl_rank.program_cache import small_arguments
 from opl_rank.staging import leading_rows, pack, stage, unpack
@@ -612,7 +612,7 @@ class EpochStart:
             patience = self.patience if self.patience is not None else self.epochs + 1
             active = (index + e < self.epochs) & (since_best < patience)
             k_perm, k_steps = jax.random.split(k_epoch)
-            order = jax.random.permutation(k_perm, n)[: n_batches * self.batch].reshape(n_batches, self.batch)
+            order = prng.permutation(k_perm, n)[: n_batches * self.batch].reshape(n_batches, self.batch)
             return key, (k_valid, active, order, jax.random.split(k_steps, n_keys)[:n_batches])
 
         key, (k_valid, active, order, step_keys) = jax.lax.scan(one_epoch, key, jnp.arange(self.span))
