@@ -23,9 +23,10 @@ CLIP_CHECK_ROWS = 2**16
 PREFIX_TABLE_FLOATS = 2**26
 #: floats of completion intermediates per chunk of rows while the prefix table is built.
 PREFIX_TABLE_CHUNK_FLOATS = 2**23
-#: exact completion (opl.completion.complete_exact) enumerates tails of all D items, those
-#: holding a prefix item masked, while there are at most this many times as many of them as
-#: tails of the free items (docs/performance.md §30). 0: always the free items' tails.
+#: exact completion of two-item tails (opl.completion.complete_exact, R-POD at k = L - 2)
+#: enumerates ordered pairs of all D items, those holding a prefix item masked, while there are
+#: at most this many times as many of them as pairs of the free items (docs/performance.md §30).
+#: 0: always the free items' tails. Longer tails always use the free items (measured faster).
 ALL_ITEM_TAILS_RATIO = 3
 
 #: memory mappings above which a sweep process drops JAX's in-process program caches before
