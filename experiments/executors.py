@@ -12,11 +12,16 @@ preset: about 15% faster, docs/performance.md §22, §25). Each job writes its o
 sweep's default, ``auto``, chooses it on a CPU with two or more cores
 (``experiments.opl_sweep.choose_backend``).
 
-``processes`` starts workers with the ``spawn`` method (JAX is not fork-safe), pins XLA
-to one thread per worker (two single-threaded workers on two cores finish ~1.5x more
-cells per minute than one process using both), and points JAX's persistent compilation
-cache at a shared directory so a kernel compiled by one worker is loaded by the others
-and by later runs. Workers die with their parent: each polls its parent pid in a daemon
+``processes`` starts workers with the ``spawn`` method (JAX is not fork-safe) and, with at
+most one worker per core, pins each to a core of its own before it imports JAX: XLA then
+compiles its programs for one core. (XLA splits every larger loop into as many tasks as the
+process has cores. At D = 10 the training steps barely gain from the split, and two cells
+splitting theirs over the same two cores slow each other down: two pinned workers finish
+about 1.4x more cells per minute than two cells in threads, docs/performance.md §31.) Workers
+point JAX's persistent compilation cache at a shared directory, so a kernel compiled by one
+worker is loaded by the others and by later runs; pinned workers keep their one-core
+executables in its ``one-core`` folder (the same programs compiled for all cores would run
+single-threaded in an unpinned process). Workers die with their parent: each polls its parent pid in a daemon
 thread and exits as soon as the parent is gone (even after ``kill -9`` of the parent,
 which runs no cleanup), so no orphan keeps computing or writing cells.
 
@@ -41,16 +46,48 @@ from typing import Any
 __all__ = ["BACKENDS", "run_jobs", "exit_with_parent"]
 
 BACKENDS = ("serial", "threads", "processes", "ray")
-_SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+_SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false"  # matrix products on one thread
 _PARENT_POLL_SECONDS = 0.2
 
 
-def _enable_compilation_cache(cache_dir: str | None) -> None:
+ONE_CORE_CACHE = "one-core"
+
+
+def _enable_compilation_cache(cache_dir: str | None, *, one_core: bool = False) -> None:
     if cache_dir:  # None or "": off (here None does not mean the default directory)
         # Imported here: opl_rank imports JAX, and a spawned worker sets XLA_FLAGS first.
         from opl_rank.compilation_cache import enable_compilation_cache
+        from opl_rank.program_cache import enable_program_cache
 
-        enable_compilation_cache(cache_dir)
+        if not one_core:
+            enable_compilation_cache(cache_dir)
+            return
+        # One-core executables apart (JAX's cache key does not tell them from the others);
+        # the traced programs do not depend on the cores and stay shared.
+        enable_compilation_cache(os.path.join(cache_dir, ONE_CORE_CACHE), programs=False)
+        enable_program_cache(os.path.join(cache_dir, "programs"))
+
+
+def worker_cores(n_workers: int) -> list[int] | None:
+    """The cores ``n_workers`` pinned workers take, one each: None where this system cannot
+    pin (no ``os.sched_setaffinity``) or this process may run on fewer cores than that."""
+    if not hasattr(os, "sched_getaffinity") or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:n_workers] if 2 <= n_workers <= len(cores) else None
+
+
+def _pin_to_a_core(cores: Any) -> bool:
+    """Take a core from the ``cores`` queue and run this process on it alone (before JAX is
+    imported: XLA reads the cores it may use once)."""
+    import queue
+
+    try:
+        core = cores.get(timeout=1.0)
+    except queue.Empty:  # more workers started than cores handed out: stay unpinned
+        return False
+    os.sched_setaffinity(0, {core})
+    return True
 
 
 def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) -> threading.Thread:
@@ -67,16 +104,17 @@ def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) ->
     return thread
 
 
-def _init_worker(cache_dir: str | None, parent: int | None = None) -> None:
+def _init_worker(cache_dir: str | None, parent: int | None = None, cores: Any = None) -> None:
     if parent is not None:
         exit_with_parent(parent)
         # Ctrl-C reaches the whole process group: the parent stops the sweep (one line); a
         # worker does not print a traceback of its own, and ends with its parent.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before JAX is imported in this fresh (spawned) interpreter.
+    one_core = cores is not None and _pin_to_a_core(cores)
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA}".strip()
-    _enable_compilation_cache(cache_dir)
+    _enable_compilation_cache(cache_dir, one_core=one_core)
 
 
 def run_jobs(
@@ -120,8 +158,14 @@ def run_jobs(
             _collect(threads, fn, jobs, on_result)
         return
     context = multiprocessing.get_context("spawn")
+    cores = worker_cores(n_workers)
+    queue = None
+    if cores is not None:
+        queue = context.Queue()
+        for core in cores:
+            queue.put(core)
     with concurrent.futures.ProcessPoolExecutor(
-        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid())
+        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid(), queue)
     ) as pool:
         _collect(pool, fn, jobs, on_result)
 

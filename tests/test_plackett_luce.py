@@ -51,6 +51,21 @@ def test_sampling_frequencies_match_exact_pl_probabilities(key, n_items):
     assert _chi_square_pvalue(samples, wrong, n_items, n_slots) < 1e-6
 
 
+@pytest.mark.parametrize("n_items", [2, 10, 16])
+def test_one_slot_samples_are_the_first_slot_of_longer_ones(key, n_items):
+    # One slot takes the chained argmax (reductions.first_argmax_short), two or more the
+    # argmax loop: the same Gumbel draws must give the same first item, masks and ties included.
+    logits = np.round(np.asarray(_logits(key, (3, 50, n_items), 2.0)))  # ties among logits
+    where = np.array(jax.random.bernoulli(jax.random.fold_in(key, 2), 0.7, logits.shape))
+    where[..., 0] = True
+    for mask in (None, jnp.asarray(where)):
+        one = pl.sample_rankings(jax.random.fold_in(key, 3), jnp.asarray(logits), 1, where=mask, n_samples=4)
+        two = pl.sample_rankings(jax.random.fold_in(key, 3), jnp.asarray(logits), 2, where=mask, n_samples=4)
+        np.testing.assert_array_equal(np.asarray(one)[..., 0], np.asarray(two)[..., 0])
+        if mask is not None:
+            assert np.take_along_axis(np.broadcast_to(where, (4,) + where.shape), np.asarray(one), -1).all()
+
+
 def test_sampling_works_with_threefry_and_philox_keys():
     logits = jnp.zeros(6)
     for key in (jax.random.PRNGKey(0), make_key(0, "threefry2x32"), make_key(0)):

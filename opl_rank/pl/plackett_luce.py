@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from opl_rank import tuning
+from opl_rank.reductions import first_argmax_short
 
 __all__ = [
     "valid_items",
@@ -147,6 +148,8 @@ def _top_l_indices(scores: jax.Array, n_slots: int) -> jax.Array:
     n_items = scores.shape[-1]
     if n_items > tuning.ARGMAX_LOOP_MAX_D:
         return jax.lax.top_k(scores, n_slots)[1].astype(jnp.int32)
+    if n_slots == 1:  # the same index by elementwise chains (docs/performance.md §31)
+        return first_argmax_short(scores)[..., None]
     out = []
     taken = jnp.zeros(scores.shape, dtype=bool)
     items = jnp.arange(n_items, dtype=jnp.int32).reshape((1,) * (scores.ndim - 1) + (n_items,))
