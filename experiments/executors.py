@@ -15,15 +15,17 @@ sweep's default, ``auto``, chooses it on a CPU with two or more cores
 ``processes`` starts workers with the ``spawn`` method (JAX is not fork-safe) and, with at
 most one worker per core, pins each to a core of its own before it imports JAX: XLA then
 compiles its programs for one core. (XLA splits every larger loop into as many tasks as the
-process has cores. At D = 10 the training steps barely gain from the split, and two cells
-splitting theirs over the same two cores slow each other down: two pinned workers finish
-about 1.4x more cells per minute than two cells in threads, docs/performance.md §31.) Workers
-point JAX's persistent compilation cache at a shared directory, so a kernel compiled by one
-worker is loaded by the others and by later runs; pinned workers keep their one-core
+process has cores; two cells splitting theirs over the same two cores get in each other's
+way. Warm, on one host a pinned worker computed a D = 10, n = 8000 cell 1.25x faster than a
+thread beside another one, on another host equally fast; from an empty cache each worker
+compiles every program itself, so threads stay the default: docs/performance.md §31.)
+Workers point JAX's persistent compilation cache at a shared directory, so a kernel compiled
+by one worker is loaded by the others and by later runs; pinned workers keep their one-core
 executables in its ``one-core`` folder (the same programs compiled for all cores would run
-single-threaded in an unpinned process). Workers die with their parent: each polls its parent pid in a daemon
-thread and exits as soon as the parent is gone (even after ``kill -9`` of the parent,
-which runs no cleanup), so no orphan keeps computing or writing cells.
+single-threaded in an unpinned process). Workers die with their parent: each polls its
+parent pid in a daemon thread and exits as soon as the parent is gone (even after
+``kill -9`` of the parent, which runs no cleanup), so no orphan keeps computing or writing
+cells.
 
 ``ray`` submits each job as a Ray task (one CPU each) to the cluster at ``ray_address``
 (e.g. ``"auto"`` or ``"ray://head:10001"``), or to a local Ray instance it starts and
@@ -43,13 +45,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["BACKENDS", "run_jobs", "exit_with_parent"]
+__all__ = ["BACKENDS", "run_jobs", "exit_with_parent", "worker_cores", "ONE_CORE_CACHE"]
 
 BACKENDS = ("serial", "threads", "processes", "ray")
 _SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false"  # matrix products on one thread
 _PARENT_POLL_SECONDS = 0.2
-
-
+#: the folder of the compilation cache where pinned workers keep their one-core executables
 ONE_CORE_CACHE = "one-core"
 
 

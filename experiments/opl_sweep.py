@@ -208,16 +208,13 @@ def _check_backend(backend: str) -> None:
 def choose_backend(sweep: OPLSweep, backend: str, workers: int | None, n_jobs: int) -> tuple[str, int]:
     """The backend and number of jobs at a time a sweep of ``n_jobs`` jobs runs with.
 
-    ``auto`` (the command line's default), when JAX computes on the CPU, there are two or
-    more jobs and cores, and that many jobs' logged data fit in the available memory: one
-    job per core at a time, in worker ``processes`` pinned to a core each where every worker
-    gets at least ``tuning.SWEEP_PROCESS_MIN_JOBS_PER_WORKER`` jobs (the D = 10 grid: 120
-    cells), else in ``threads`` of this process (the small preset's 4 cells); otherwise
-    ``serial``. Threads share the process's compiled programs and keep both of 2 cores busy
-    (the small preset ran 15% faster than serially, docs/performance.md §22, §25); pinned
-    processes compute about 1.25x faster than threads but load every program themselves
-    (§31). On a GPU one job at a time already fills the device. An explicit backend is kept;
-    its worker count (default: the CPU count) is capped at ``n_jobs``."""
+    ``auto`` (the command line's default): cells in threads of this process, one per CPU
+    core, when JAX computes on the CPU, there are two or more jobs and cores, and that many
+    jobs' logged data fit in the available memory (at least two); else ``serial``. Threads
+    share the process's compiled programs and keep both of 2 cores busy: the small preset
+    ran 15% faster than serially (docs/performance.md §22, §25). On a GPU one job at a
+    time already fills the device. An explicit backend is kept; its worker count
+    (default: the CPU count) is capped at ``n_jobs``."""
     import os
 
     _check_backend(backend)
@@ -236,12 +233,6 @@ def choose_backend(sweep: OPLSweep, backend: str, workers: int | None, n_jobs: i
         at_once = min(at_once, available // max(1, _job_bytes(sweep)))
     if jax.default_backend() != "cpu" or at_once < 2:
         return "serial", 1
-    from experiments.executors import worker_cores
-    from opl_rank import tuning
-
-    many = n_jobs >= tuning.SWEEP_PROCESS_MIN_JOBS_PER_WORKER * at_once > 0
-    if many and tuning.SWEEP_PROCESS_MIN_JOBS_PER_WORKER > 0 and worker_cores(int(at_once)) is not None:
-        return "processes", int(at_once)
     return "threads", int(at_once)
 
 

@@ -35,12 +35,6 @@ ALL_ITEM_TAILS_RATIO = 3
 #: Linux's default limit of 65,530 (``vm.max_map_count``) XLA could not map new code: the
 #: worker died ("LLVM compilation error: Cannot allocate memory") after a few cells.
 SWEEP_MAX_MAPPINGS = 25_000
-#: a sweep's ``auto`` backend runs its cells in worker processes, one per core and pinned to
-#: it, when each worker gets at least this many jobs; with fewer, in threads of the sweep's
-#: process (experiments.opl_sweep.choose_backend). A pinned worker computes a D = 10 cell
-#: about 1.25x faster than a thread beside another one, but loads every shape's programs
-#: itself, about 10-15 s each (docs/performance.md §31).
-SWEEP_PROCESS_MIN_JOBS_PER_WORKER = 8
 #: programs the program cache keeps on disk (opl_rank.program_cache; 30-60 KB each): beyond
 #: this, the least recently used are removed down to three quarters of it (every edit of the
 #: sources makes new keys, so a working checkout's folder would otherwise only grow).

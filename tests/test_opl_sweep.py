@@ -130,38 +130,27 @@ def test_threads_backend_gives_the_serial_results(tmp_path, capsys, monkeypatch)
         assert [{k: v for k, v in row.items() if k != "fit_seconds"} for row in csv.DictReader(f)] == tables["serial"]
 
 
-def test_auto_backend_runs_one_cell_per_core_where_cores_and_memory_allow(monkeypatch):
-    """``auto`` (the command line's default): one job per core on a CPU with two or more
-    cores and two or more jobs, as many as the jobs' logged data fit in memory -- in pinned
-    worker processes when each gets ``tuning.SWEEP_PROCESS_MIN_JOBS_PER_WORKER`` jobs or more
-    and the system can pin them, else in threads; otherwise serial. An explicit backend is
-    kept, its workers capped at the jobs."""
+def test_auto_backend_runs_cells_in_threads_where_cores_and_memory_allow(monkeypatch):
+    """``auto`` (the command line's default): threads, one per core, on a CPU with two or more
+    cores and two or more jobs, as many as the jobs' logged data fit in memory; else serial.
+    An explicit backend is kept, its workers capped at the jobs."""
     import os
 
-    from experiments import executors, opl_sweep
-    from opl_rank import memory, tuning
+    from experiments import opl_sweep
+    from opl_rank import memory
 
     sweep = OPLSweep()
-    many = tuning.SWEEP_PROCESS_MIN_JOBS_PER_WORKER
-    assert many >= 2
     monkeypatch.setattr(memory, "available_bytes", lambda: 10**12)
-    for cores, jobs, workers, pinnable, expected in [
-        (2, 4, None, True, ("threads", 2)),
-        (2, 2 * many - 1, None, True, ("threads", 2)),  # a worker would get fewer than `many` jobs
-        (2, 2 * many, None, True, ("processes", 2)),
-        (2, 2 * many, None, False, ("threads", 2)),  # workers cannot be pinned here
-        (8, 3, None, True, ("threads", 3)),  # no more threads than jobs
-        (8, 6, 4, True, ("threads", 4)),  # --workers
-        (8, 4 * many, 4, True, ("processes", 4)),
-        (1, 4, None, True, ("serial", 1)),  # one core
-        (2, 1, None, True, ("serial", 1)),  # one job
-        (8, 6, 1, True, ("serial", 1)),
+    for cores, jobs, workers, expected in [
+        (2, 4, None, ("threads", 2)),
+        (8, 3, None, ("threads", 3)),  # no more threads than jobs
+        (8, 6, 4, ("threads", 4)),  # --workers
+        (1, 4, None, ("serial", 1)),  # one core
+        (2, 1, None, ("serial", 1)),  # one job
+        (8, 6, 1, ("serial", 1)),
     ]:
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
-        monkeypatch.setattr(
-            executors, "worker_cores", lambda n, cores=cores, ok=pinnable: list(range(n)) if ok and n <= cores else None
-        )
-        assert opl_sweep.choose_backend(sweep, "auto", workers, jobs) == expected, (cores, jobs, workers, pinnable)
+        assert opl_sweep.choose_backend(sweep, "auto", workers, jobs) == expected, (cores, jobs, workers)
     job = opl_sweep._job_bytes(sweep)
     assert job > 0
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
