@@ -42,7 +42,7 @@ def test_worker_cores_are_distinct_cores_this_process_may_use():
         assert cores is not None and len(set(cores)) == 2 and set(cores) <= mine
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # spawns two JAX processes (the process backend)
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="pinning needs os.sched_setaffinity (Linux)")
 def test_process_workers_each_compile_for_a_core_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv("OPL_RANK_PROGRAM_CACHE", "1")  # the suite turns it off; workers inherit this

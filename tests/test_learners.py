@@ -377,19 +377,19 @@ def test_two_stage_model_values_through_the_prefix_table():
         assert not estimator_inputs._prefix_table_pays(policy, 50, math.perm(6, k) - 1)  # fewer samples than prefixes
         for mask in (None, where):
             keys = jax.random.split(make_key(7), 256)
-            completed = jnp.stack([model.predict(context, policy.sample(key, context, where=mask)) for key in keys])
+            # each key's completed sample, as one program (op by op this test took a minute)
+            completed = jax.jit(jax.vmap(lambda key: model.predict(context, policy.sample(key, context, where=mask))))(
+                keys
+            )
             tabled = estimator_inputs._model_values(policy, model, context, make_key(7), 256, mask, 6)
             np.testing.assert_allclose(tabled, completed.mean(0), rtol=1e-5, atol=1e-5)
             # exact: sum over every prefix of its PL probability times its completed value
             prefixes = jnp.asarray(completion.prefix_layout(6, k)[0])  # [P, k]
             table = policy.prefix_values(model.predict, context, where=mask)  # [n, P]
-            log_p = jnp.stack(
-                [
-                    policy.first_stage.log_prob(context, jnp.broadcast_to(prefix, (50, k)), where=mask)
-                    for prefix in prefixes
-                ],
-                axis=1,
-            )  # [n, P]: -inf for a prefix outside the mask
+            log_p = jax.vmap(
+                lambda prefix: policy.first_stage.log_prob(context, jnp.broadcast_to(prefix, (50, k)), where=mask),
+                out_axes=1,
+            )(prefixes)  # [n, P]: -inf for a prefix outside the mask
             exact = jnp.sum(jnp.exp(log_p) * jnp.where(jnp.isfinite(log_p), table, 0.0), axis=1)
             se = completed.std(0) / np.sqrt(256) + 1e-6
             assert np.all(np.abs(np.asarray(tabled) - np.asarray(exact)) < 4 * np.asarray(se) + 1e-4)

@@ -204,6 +204,7 @@ def test_fit_seeds_loops_over_a_plugin_learner(setting):
     assert np.array_equal(np.asarray(fitted[0].greedy(context)), np.asarray(policy.greedy(context)))
 
 
+@pytest.mark.extended  # a sweep of the plugin learner (end to end)
 def test_the_plugin_learner_is_swept(tmp_path):
     from experiments.opl_sweep import OPLSweep, run_sweep
 

@@ -296,6 +296,7 @@ def _fit_run(cache_dir: Path, programs: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.extended  # a second Python process (the cross-process cache)
 def test_a_later_process_loads_a_fits_programs_and_gets_the_same_numbers(tmp_path):
     cold = _fit_run(tmp_path, "1")
     warm = _fit_run(tmp_path, "1")
