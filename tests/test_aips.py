@@ -179,7 +179,7 @@ def test_no_nan_at_large_logit_scales():
     for method in ("exact", "sampled"):
         f = lambda z: jnp.sum(jnp.maximum(aips.set_log_probs(z, ranking, c, method=method, key=make_key(14)), -1e4))
         assert not bool(jnp.any(jnp.isnan(aips.set_log_probs(logits, ranking, c, method=method, key=make_key(14)))))
-        assert bool(jnp.all(jnp.isfinite(jax.grad(f)(logits))))
+        assert bool(jnp.all(jnp.isfinite(jax.jit(jax.grad(f))(logits))))  # one program, not op by op
 
 
 # ---------------------------------------------------------------------------------------
@@ -315,8 +315,10 @@ def test_sampled_aips_is_close_to_exact_in_ope():
     theta0, theta = _logits()
     data = _all_rows(_neighbour_rewards, theta0)
     exact = float(jnp.mean(_aips_values(theta, data, "neighbour-1", method="exact").value))
-    sampled = float(jnp.mean(_aips_values(theta, data, "neighbour-1", method="sampled", n_samples=2000).value))
-    np.testing.assert_allclose(sampled, exact, rtol=0.02)
+    # 250 draws per row and set: within 1e-3 of the enumeration here (2000: 7e-5; 18 s at the
+    # test suite's LLVM level 0 against 3 s)
+    sampled = float(jnp.mean(_aips_values(theta, data, "neighbour-1", method="sampled", n_samples=250).value))
+    np.testing.assert_allclose(sampled, exact, rtol=0.01)
 
 
 # ---------------------------------------------------------------------------------------
@@ -353,6 +355,7 @@ def test_aips_learner_beats_logging():
     assert value > v0 + 0.3, (value, v0)
 
 
+@pytest.mark.extended
 def test_a_sweep_runs_aips_with_its_estimator_options(tmp_path):
     """estimator_options reach LearnerConfig in a sweep; non-prefix behaviours get the logging
     logits they need; a config without the key keeps its resolved form (and hash)."""

@@ -336,6 +336,7 @@ def test_as_a_learner_q_follows_the_policy_and_carries_no_gradient():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_cascade_dr_learner_beats_the_logging_policy():
     import math
 

@@ -101,6 +101,7 @@ LTR_CONFIG = "experiments/configs/ltr_exposure.yaml"
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ltr_runs_the_yahoo_preset_and_writes_results(tmp_path, capsys):
     from simulators import datasets
 

@@ -100,7 +100,10 @@ def test_policies_and_completion_never_rank_an_excluded_candidate(setting):
         assert np.all(np.isfinite(log_prob)), type(p).__name__
 
 
-@pytest.mark.parametrize("method", ["ips", "rips", "iips", "dr"])
+# one learner in the default suite; the others learn on masked logs in the extended set
+@pytest.mark.parametrize(
+    "method", ["ips", *(pytest.param(m, marks=pytest.mark.extended) for m in ("rips", "iips", "dr"))]
+)
 @pytest.mark.slow
 def test_learners_train_on_masked_logs_and_beat_the_logging_policy(setting, method):
     data, _, _ = setting

@@ -137,7 +137,11 @@ def test_refitting_with_new_lambda_or_seed_does_not_recompile(setting, caplog):
 
 @pytest.mark.parametrize(
     "config",
-    [_config("ips"), _config("rpod", k=1, reward_model="pairwise"), _config("regression")],
+    [
+        _config("ips"),
+        pytest.param(_config("rpod", k=1, reward_model="pairwise"), marks=pytest.mark.extended),
+        _config("regression"),
+    ],
     ids=["ips", "rpod-1-pairwise", "regression"],
 )
 @pytest.mark.slow
@@ -173,6 +177,7 @@ def test_fits_vmapped_over_seeds_need_equal_shapes(setting):
         fit_seeds([data, data], jnp.stack([make_key(1)]), _config("ips"))
 
 
+@pytest.mark.extended
 def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
     """Exact quadrature at small D, the unbiased sampled estimate at large D (or when asked);
     the fitted policy's own propensities stay exact."""
@@ -195,6 +200,7 @@ def test_iips_chooses_its_slot_marginals_by_cost_and_learns_with_sampled_ones():
         LearnerConfig(method="iips", slot_marginals="magic")
 
 
+@pytest.mark.extended
 def test_iips_learns_with_the_insertion_estimate_of_its_slot_marginals():
     """``slot_marginals="insertion"`` (the logged item inserted into the others' sampled
     order) is used as asked, also where the exact quadrature would be chosen, and learns."""
@@ -244,6 +250,7 @@ def test_clipping_check_runs_in_chunks_with_the_same_verdict(setting, monkeypatc
         fit(extreme, make_key(13), config)
 
 
+@pytest.mark.extended
 def test_precomputed_completion_orders_change_nothing():
     """Two-stage R-POD with an additive f_hat reads each row's completion order, computed
     once before the policy's epochs, instead of a top-L per step: the same fit exactly."""
@@ -268,7 +275,7 @@ def test_precomputed_completion_orders_change_nothing():
     assert not _plan(data, dataclasses.replace(config, reward_model="pairwise")).completion_order
 
 
-@pytest.mark.parametrize(("k", "mask"), [(1, False), (2, True)])
+@pytest.mark.parametrize(("k", "mask"), [pytest.param(1, False, marks=pytest.mark.extended), (2, True)])
 def test_pairwise_prefix_table_changes_nothing(k, mask):
     """Two-stage R-POD with a pairwise f_hat reads every possible top-k prefix's completed
     value from a per-row table built once (k = 1: beam completions of 9!/5! tails; k = 2:
@@ -309,7 +316,7 @@ def test_pairwise_prefix_table_changes_nothing(k, mask):
     assert _plan(data, short).prefix_table == (k == 1)
 
 
-@pytest.mark.parametrize("steps", [1, 40])
+@pytest.mark.parametrize("steps", [pytest.param(1, marks=pytest.mark.extended), 40])
 def test_training_in_chunks_of_epochs_changes_no_bit(setting, monkeypatch, steps):
     """The policy's epochs run as one compiled scan by default and as chunks of epochs (the
     host reporting progress between them) when a run has more steps than
@@ -332,6 +339,7 @@ def test_training_in_chunks_of_epochs_changes_no_bit(setting, monkeypatch, steps
     assert [e for part, e in seen if part == "reward"] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.extended
 def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
     """fit_reward's f_hat passed to several methods: each fit is what it is without it."""
     from opl_rank.opl.learners import fit_reward, fit_reward_seeds
@@ -357,6 +365,7 @@ def test_a_shared_reward_model_gives_the_fit_bit_for_bit(setting):
         fit_reward(data, make_key(60), _config("ips"))
 
 
+@pytest.mark.extended
 def test_two_stage_model_values_through_the_prefix_table():
     """OPE's E_pi[f_hat] of a two-stage policy reads one table of every prefix's completed value
     when that is cheaper: the same samples' values as completing each sampled prefix, with and
@@ -395,6 +404,7 @@ def test_two_stage_model_values_through_the_prefix_table():
             assert np.all(np.abs(np.asarray(tabled) - np.asarray(exact)) < 4 * np.asarray(se) + 1e-4)
 
 
+@pytest.mark.extended
 def test_compiled_sample_gives_each_policys_own_rankings():
     """``compiled_sample`` (one program, as the ground-truth rollouts call it) returns what
     ``policy.sample`` returns op by op, for every built-in policy, with and without a mask;

@@ -278,6 +278,7 @@ def test_memory_bounding_chunks_do_not_change_results(setting, monkeypatch):
     assert np.all((mc >= 0) & (mc <= 1 + 1e-6))
 
 
+@pytest.mark.extended
 def test_policies_are_pytrees_and_compiled_propensities_equal_the_plain_ones(setting):
     """OPE compiles propensities and model values of this library's policies as whole
     programs (policies are pytrees: parameters are leaves, modules and sizes static); the

@@ -3,9 +3,12 @@
 import json
 import os
 
+import pytest
+
 from experiments import ope_structures
 
 
+@pytest.mark.extended
 def test_rows_resume_and_report(tmp_path):
     out = str(tmp_path / "opes")
     args = ["--seeds", "1", "--ns", "300", "--structures", "cascade", "--n-items", "5", "--ranking-length", "3"]

@@ -99,6 +99,7 @@ def test_sweep_config_errors(extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_threads_backend_gives_the_serial_results(tmp_path, capsys, monkeypatch):
     """Cells in threads of one process (shared compiled programs) write the serial table."""
     import os
@@ -246,6 +247,7 @@ def test_process_and_ray_backends_give_the_serial_results(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_k_selection_rows_point_at_fitted_rpod_values(tmp_path, capsys):
     out = tmp_path / "select"
     args = [
@@ -328,6 +330,7 @@ def test_slot_marginals_reach_iips_and_leave_older_configs_hash(tmp_path, capsys
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_seeds_vmapped_together_match_cells_run_one_by_one(tmp_path, capsys):
     # vmap_seeds fits a cell's seeds in one vmapped loop; one by one gives the same table
     # up to float rounding (and the same chosen k).

@@ -49,6 +49,7 @@ def test_an_outside_estimator_learns_and_evaluates(plugin):
     assert got[plugin].ci_low < got[plugin].value < got[plugin].ci_high
 
 
+@pytest.mark.extended
 def test_an_outside_estimator_runs_in_a_sweep(plugin, tmp_path):
     from experiments.cli import main
 
@@ -87,6 +88,7 @@ def test_an_outside_estimator_runs_in_a_sweep(plugin, tmp_path):
     assert rows[1]["reward_model"] == "-"
 
 
+@pytest.mark.extended
 def test_an_outside_environment_is_swept(tmp_path):
     """A simulator written outside the package, registered by a plugin module, runs in a sweep."""
     from experiments.cli import main
@@ -192,6 +194,7 @@ def test_a_per_slot_estimator_with_its_own_inputs_learns_and_evaluates(slot_plug
     assert got[slot_plugin].value == pytest.approx(got["dm"].value, abs=4 * got[slot_plugin].stderr + 0.02)
 
 
+@pytest.mark.extended
 def test_a_per_slot_estimator_runs_in_a_sweep(slot_plugin, tmp_path):
     from experiments.cli import main
 

@@ -78,6 +78,7 @@ def test_random_forest_logging_prefers_relevant_documents(env, letor):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_learners_use_item_features_and_beat_the_logging_policy(env):
     data = env.sample_logged_data(make_key(4), 2000)
     v0 = env.logging_policy_value(make_key(5), 20_000)
@@ -134,6 +135,7 @@ def test_shared_prefix_pairs_group_by_context_and_prefix():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_two_step_reward_model_learns_within_prefix_differences(env):
     from opl_rank.opl.reward_models import fit_reward_model
 
