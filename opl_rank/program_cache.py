@@ -146,7 +146,17 @@ def _allowed_module(module: str | None) -> bool:
     if root not in _OWN_PACKAGES:
         return False
     path = getattr(sys.modules.get(module or ""), "__file__", None)
-    return path is not None and os.path.abspath(path).startswith(_OWN_DIRS)
+    if path is None:
+        return False
+    if not os.path.isabs(path):  # relative to the working directory, which can change
+        return os.path.abspath(path).startswith(_OWN_DIRS)
+    allowed = _own_file_memo.get(path)
+    if allowed is None:  # abspath was most of a source check's time (called for every definition)
+        allowed = _own_file_memo[path] = os.path.abspath(path).startswith(_OWN_DIRS)
+    return allowed
+
+
+_own_file_memo: dict[str, bool] = {}  # a module's absolute file -> inside this repository's folders
 
 
 def _code(code: types.CodeType) -> str:
@@ -274,21 +284,49 @@ def _package_dirs() -> list[str]:
     return [here] + [os.path.join(parent, p) for p in _OWN_PACKAGES[1:] if os.path.isdir(os.path.join(parent, p))]
 
 
-def _hash_sources() -> str:
-    """A hash of every ``.py`` file of the own packages (names and contents; about 3 ms)."""
-    h = hashlib.sha256()
+def _source_files() -> list[tuple[str, str]]:
+    """(name in the repository, path) of every ``.py`` file of the own packages, in order."""
+    files = []
     for top in _package_dirs():
         for folder, subdirs, names in os.walk(top):
             subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__pycache__")))
             for name in sorted(n for n in names if n.endswith(".py")):
                 path = os.path.join(folder, name)
-                h.update(os.path.relpath(path, os.path.dirname(top)).encode())
-                try:
-                    with open(path, "rb") as f:
-                        h.update(hashlib.sha256(f.read()).digest())
-                except OSError:
-                    h.update(b"<unreadable>")
-    return h.hexdigest()
+                files.append((os.path.relpath(path, os.path.dirname(top)), path))
+    return files
+
+
+def _stat(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _hash_sources() -> str:
+    """A hash of every ``.py`` file of the own packages (names and contents). The contents are
+    read again only where a file's inode, size, modification or change time moved since the
+    last hash: every write sets the change time, which no tool can set back (1 ms, not 7)."""
+    global _sources_memo
+    files = _source_files()
+    stats = [(name, _stat(path)) for name, path in files]
+    memo = _sources_memo
+    if memo is not None and memo[0] == stats and None not in (st for _, st in stats):
+        return memo[1]
+    h = hashlib.sha256()
+    for name, path in files:
+        h.update(name.encode())
+        try:
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        except OSError:
+            h.update(b"<unreadable>")
+    _sources_memo = (stats, h.hexdigest())
+    return _sources_memo[1]
+
+
+_sources_memo: tuple[list[tuple[str, tuple[int, ...] | None]], str] | None = None
 
 
 def _outside(module: str | None) -> bool:
@@ -300,7 +338,10 @@ def _own_modules() -> list[tuple[str, types.ModuleType]]:
     return [
         (name, module)
         for name, module in list(sys.modules.items())
-        if module is not None and _root(name) in _OWN_PACKAGES and _allowed_module(name)
+        if name.startswith(_OWN_PACKAGES)
+        and module is not None
+        and _root(name) in _OWN_PACKAGES
+        and _allowed_module(name)
     ]
 
 
@@ -322,8 +363,23 @@ def _global_stores(module: types.ModuleType) -> set[str]:
     ]
     while codes:
         code = codes.pop()
-        names.update(i.argval for i in dis.get_instructions(code) if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"))
+        names.update(_stored_globals(code))
         codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+_GLOBAL_STORES = frozenset((dis.opmap["STORE_GLOBAL"], dis.opmap["DELETE_GLOBAL"]))
+
+
+def _stored_globals(code: types.CodeType) -> list[str]:
+    """The names one code object's ``STORE_GLOBAL`` / ``DELETE_GLOBAL`` act on, read from its
+    wordcode directly (``dis.get_instructions`` formats every instruction: 0.25 s a process)."""
+    raw, names, extended = code.co_code, [], 0
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | extended
+        extended = arg << 8 if op == dis.EXTENDED_ARG else 0
+        if op in _GLOBAL_STORES:
+            names.append(code.co_names[arg])
     return names
 
 
@@ -596,10 +652,17 @@ class _CachedProgram:
     fingerprint; the other arguments are the program's (as positional arguments)."""
 
     def __init__(
-        self, traced: Callable[..., Any], fn: Any, salt: str, static_argnames: tuple[str, ...] = (), hot: bool = False
+        self,
+        traced: Callable[..., Any],
+        fn: Any,
+        salt: str,
+        static_argnames: tuple[str, ...] = (),
+        hot: bool = False,
+        xla_defaults: bool = False,
     ):
         self.traced = traced
         self.hot = hot
+        self.xla_defaults = xla_defaults
         self.jitted = jax.jit(traced, static_argnames=static_argnames)
         self._with_options: dict[tuple[tuple[str, Any], ...], Callable[..., Any]] = {}
         self.fn = fn
@@ -626,8 +689,9 @@ class _CachedProgram:
         return self._with_options[options](*args, **kwargs)
 
     def _options(self, leaves: list[Any]) -> tuple[tuple[str, Any], ...] | None:
-        """[`compiler_options`][compiler_options] (a hot program never gets the cheap ones)."""
-        return compiler_options(leaves, hot=self.hot)
+        """[`compiler_options`][compiler_options] (a hot program never gets the cheap ones;
+        None for a program kept on XLA's defaults)."""
+        return None if self.xla_defaults else compiler_options(leaves, hot=self.hot)
 
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -708,8 +772,12 @@ class _CachedProgram:
         # The options are in the key: the same function's program may be hot in one fit and
         # small in another, and a program compiles with the options it was first loaded with.
         options = self._options(leaves)
+        # the static arguments are in ``structure`` by fingerprint: their repr may hold addresses
+        _, leaf_signature, _, _, _, environment = signature
         key = hashlib.sha256(
-            repr((fingerprinted, self.salt, structure, signature[1:], sources, options)).encode()
+            repr(
+                (fingerprinted, self.salt, structure, (leaf_signature, names, platform, environment), sources, options)
+            ).encode()
         ).hexdigest()
         with _lock:
             key_lock = _key_locks.setdefault(key, threading.Lock())
@@ -797,12 +865,17 @@ def cached_program(traced: Callable[..., Any], fn: Any, salt: str = "", *, hot: 
     return _CachedProgram(traced, fn, salt, hot=hot)
 
 
-def cached_jit(fn: Callable[..., Any] | None = None, *, static_argnames: tuple[str, ...] = ()) -> Any:
+def cached_jit(
+    fn: Callable[..., Any] | None = None, *, static_argnames: tuple[str, ...] = (), xla_defaults: bool = False
+) -> Any:
     """``jax.jit(fn, static_argnames=...)`` with its traced programs kept in the program cache
-    while one is enabled (a decorator, with or without arguments)."""
+    while one is enabled (a decorator, with or without arguments). ``xla_defaults``: compiled
+    with XLA's default options, as plain ``jax.jit`` compiles it (the same numbers bit for bit
+    where another option set would reassociate float sums), not with
+    [`compiler_options`][compiler_options]."""
     if fn is None:
-        return functools.partial(cached_jit, static_argnames=static_argnames)
-    return _CachedProgram(fn, fn, "jit", tuple(static_argnames))
+        return functools.partial(cached_jit, static_argnames=static_argnames, xla_defaults=xla_defaults)
+    return _CachedProgram(fn, fn, "jit", tuple(static_argnames), xla_defaults=xla_defaults)
 
 
 # The sources as this process imports them (opl_rank imports this module among its first).

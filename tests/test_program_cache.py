@@ -175,6 +175,23 @@ def test_static_arguments_are_part_of_the_key(cache):
     assert fresh._cache_size() == 0  # the jitted function's own methods are there; it never traced
 
 
+def test_a_static_argument_is_keyed_by_content_not_by_its_repr(cache):
+    # a static function's repr holds its address, which differs from process to process (an
+    # OPE estimator's entry holds one): the key must not, or every process exports it again
+    import types
+
+    from opl_rank.pl.plackett_luce import safe_logsumexp as row_lse
+
+    twin = types.FunctionType(row_lse.__code__, row_lse.__globals__, row_lse.__name__, row_lse.__defaults__)
+    assert repr(twin) != repr(row_lse) and program_cache.fingerprint(twin) == program_cache.fingerprint(row_lse)
+    rows = jnp.arange(6.0).reshape(2, 3)
+    first = program_cache.cached_jit(jax.lax.map, static_argnames=("f",))(row_lse, rows)
+    program_cache._programs.clear()  # as a new process starts
+    again = program_cache.cached_jit(jax.lax.map, static_argnames=("f",))(twin, rows)
+    assert np.array_equal(first, again)
+    assert program_cache.stats()["exported"] == 1 and program_cache.stats()["loaded"] == 1
+
+
 def test_the_least_recently_used_programs_are_removed_beyond_the_limit(cache, monkeypatch):
     import time
 
@@ -212,6 +229,47 @@ def test_a_source_file_changed_after_start_turns_the_cache_off(cache, monkeypatc
     assert np.array_equal(staging.stage.__wrapped__(jnp.cumsum, False)(jnp.ones(4)), [1.0, 2.0, 3.0, 4.0])
     assert program_cache.stats()["exported"] == 0 and not any(cache.iterdir())
     assert "changed after this process started" in program_cache._disabled_reason
+
+
+def test_the_source_hash_sees_an_edit_that_keeps_size_and_modification_time(monkeypatch, tmp_path):
+    # the hash rereads a file only where its stat moved; the change time moves on every write
+    package = tmp_path / "opl_rank"
+    package.mkdir()
+    source = package / "module.py"
+    source.write_text("SCALE = 1\n")
+    monkeypatch.setattr(program_cache, "_package_dirs", lambda: [str(package)])
+    monkeypatch.setattr(program_cache, "_sources_memo", None)
+    first = program_cache._hash_sources()
+    assert program_cache._hash_sources() == first  # from the memo
+    before = os.stat(source)
+    source.write_text("SCALE = 2\n")  # same size
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))  # modification time put back
+    assert os.stat(source).st_size == before.st_size and os.stat(source).st_mtime_ns == before.st_mtime_ns
+    edited = program_cache._hash_sources()
+    assert edited != first
+    (package / "new.py").write_text("")  # a new file
+    assert program_cache._hash_sources() not in (first, edited)
+
+
+def test_global_stores_read_from_wordcode_match_dis():
+    import dis
+    import types
+
+    import experiments.opl_sweep  # noqa: F401 -- more modules to read
+
+    def stored(code):
+        found = {i.argval for i in dis.get_instructions(code) if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}
+        return found.union(*(stored(c) for c in code.co_consts if isinstance(c, types.CodeType)))
+
+    seen = 0
+    for _, module in program_cache._own_modules():
+        functions = [
+            v for v in vars(module).values() if isinstance(v, types.FunctionType) and v.__globals__ is vars(module)
+        ]
+        expected = set().union(*(stored(f.__code__) for f in functions))
+        assert program_cache._global_stores(module) == expected, module.__name__
+        seen += len(expected)
+    assert seen > 0  # the library's own state (e.g. program_cache._disabled_reason) is found
 
 
 def test_a_library_function_replaced_by_outside_code_turns_the_cache_off(cache, monkeypatch):

@@ -35,6 +35,7 @@ from opl_rank.data import LoggedData
 from opl_rank.opl import completion
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimators import Estimator, ModelTerms, Propensities, Terms
+from opl_rank.program_cache import cached_jit
 
 __all__ = [
     "InputRequest",
@@ -222,7 +223,7 @@ def _prefix_table_pays(policy: Any, n_rows: int, n_samples: int) -> bool:
     )
 
 
-_compiled_model_values = jax.jit(_model_values, static_argnums=(4, 6))
+_compiled_model_values = cached_jit(_model_values, static_argnames=("n_samples", "n_items"), xla_defaults=True)
 
 
 # ---------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ When a result can be trusted ([`OPEResult`][OPEResult]'s ``estimable``, ``reason
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -50,6 +49,7 @@ from opl_rank.data import LoggedData
 from opl_rank.opl import estimators as opl_estimators
 from opl_rank.opl.estimator_inputs import InputRequest, build, call_terms, model_terms, model_values
 from opl_rank.opl.policies import RankingPolicy, compiled_propensities
+from opl_rank.program_cache import cached_jit
 
 __all__ = [
     "OPEResult",
@@ -132,7 +132,7 @@ class OPEResult:
         return f"{self.estimator} {self.summary()}"
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+@cached_jit(static_argnames=("entry", "k", "max_log_weight"), xla_defaults=True)
 def _terms(entry: opl_estimators.Estimator, target, data, model, k, max_log_weight, inputs) -> opl_estimators.Terms:
     """An estimator's per-round terms as one compiled program (registry entries are jit-able:
     the learners train through them; the entry itself is the cache key)."""
@@ -203,7 +203,7 @@ def _trust(entry: opl_estimators.Estimator, w: jax.Array, n: int, k: int | None)
     return _Trust(ess, False, problem)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))  # compiled once per shape, not once per call
+@cached_jit(static_argnames=("n_bootstrap", "batch"), xla_defaults=True)  # compiled once per shape, not once per call
 def _bootstrap(num, den, key, n_bootstrap, batch=64):
     """Resampled estimates ``[B]`` (vmapped over keys, in batches to bound memory)."""
     n = num.shape[0]

@@ -469,7 +469,7 @@ class TwoStagePolicy:
         return jnp.einsum("pn,pnl->nl", weight, (tails == ranking[None, :, k:]).astype(jnp.float32))
 
 
-@functools.partial(jax.jit, static_argnames=("slot_marginals",))
+@cached_jit(static_argnames=("slot_marginals",), xla_defaults=True)
 def _two_stage_head(policy: TwoStagePolicy, data: LoggedData, slot_marginals: bool):
     """A two-stage policy's ``log_prefix [n, L]``, its first stage's ``log_slot [n, k]`` (or
     None) and logits ``[n, D]``, as one compiled program."""
