@@ -630,7 +630,8 @@ def check_environment_args(
     position_weight = jnp.asarray(position_weight, jnp.float32)
     if position_weight.shape != (ranking_length,):
         raise ValueError(f"position_weight must have shape (L,) = ({ranking_length},), got {position_weight.shape}")
-    if not bool(jnp.all(jnp.isfinite(position_weight))) or bool(jnp.any(position_weight < 0)):
+    weights = np.asarray(position_weight)  # checked on the host: no op-by-op programs to load
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError(f"position_weight must be finite and non-negative, got {position_weight.tolist()}")
     return position_weight
 

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from opl_rank import tuning
 from opl_rank.data import LoggedData, train_val_split
@@ -609,9 +610,14 @@ def _warn_if_clipped(plan: _Plan, policy: PLPolicy, data: LoggedData) -> None:
     k = plan.k if plan.config.method == "rpod" else plan.n_slots
     above = 0
     for start in range(0, data.n_rounds, tuning.CLIP_CHECK_ROWS):  # chunks: the logits are [rows, D]
-        part = data.take(slice(start, start + tuning.CLIP_CHECK_ROWS))
-        log_w = compiled_propensities(policy, part).log_prefix[:, k - 1] - part.log_pi0_prefix[:, k - 1]
-        above += int(jnp.sum(log_w > plan.config.max_log_weight))
+        whole = start == 0 and data.n_rounds <= tuning.CLIP_CHECK_ROWS
+        part = data if whole else data.take(slice(start, start + tuning.CLIP_CHECK_ROWS))
+        # counted on the host (float32 as on the device): no op-by-op programs to load
+        log_w = (
+            np.asarray(compiled_propensities(policy, part).log_prefix)[:, k - 1]
+            - np.asarray(part.log_pi0_prefix)[:, k - 1]
+        )
+        above += int(np.sum(log_w > plan.config.max_log_weight))
     share = above / data.n_rounds
     if share > 0.5:
         warnings.warn(
