@@ -104,6 +104,7 @@ class _CellGate:
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._running = 0
+        self._lanes: set[int] = set()
         self._shape: tuple | None = None
 
     def _limit(self, shape: tuple | None) -> int:
@@ -113,7 +114,9 @@ class _CellGate:
         return tuning.SWEEP_MAX_MAPPINGS // 2 if new_shape else tuning.SWEEP_MAX_MAPPINGS
 
     @contextlib.contextmanager
-    def group(self, shape: tuple | None = None) -> Iterator[None]:
+    def group(self, shape: tuple | None = None) -> Iterator[int]:
+        """Hold the gate while a group runs; yields the group's lane, the smallest not held by
+        another running group ([`experiments.sweep_cell.fit_order`][experiments.sweep_cell.fit_order])."""
         with self._changed:
             while self._running and _too_many_mappings(self._limit(shape)):
                 self._changed.wait()
@@ -121,10 +124,13 @@ class _CellGate:
                 _release_programs_if_many_mappings(self._limit(shape))
             self._shape = shape if shape is not None else self._shape
             self._running += 1
+            lane = min(set(range(len(self._lanes) + 1)) - self._lanes)
+            self._lanes.add(lane)
         try:
-            yield
+            yield lane
         finally:
             with self._changed:
+                self._lanes.discard(lane)
                 self._running -= 1
                 self._changed.notify_all()
 
@@ -148,13 +154,13 @@ def _run_cells(
         start = time.perf_counter()
         name = cell_name(group[0]) + (f" +{len(group) - 1} seed(s)" if len(group) > 1 else "")
         with (
-            _GATE.group(shape_key(sweep, group[0])),
+            _GATE.group(shape_key(sweep, group[0])) as lane,
             bar(group_steps(sweep, group[0]["L"]), desc=name, unit="step", enabled=progress) as cell_bar,
         ):
             steps = Steps(cell_bar)
             own = cell_config(sweep, group[0])  # its policy_epochs / reward_epochs when they are axes
             epochs = steps.epochs({"reward": own.reward_epochs, "policy": own.policy_epochs})
-            results = run_group(sweep, group, on_step=steps, on_epoch=epochs)
+            results = run_group(sweep, group, on_step=steps, on_epoch=epochs, lane=lane)
             steps.done()
         seconds = (time.perf_counter() - start) / len(group)
         for cell, rows in zip(group, results):

@@ -116,13 +116,20 @@ def run_group(
     *,
     on_step: Callable[[str], None] | None = None,
     on_epoch: Callable[[str, int, dict[str, float]], None] | None = None,
+    lane: int = 0,
 ) -> list[list[dict[str, Any]]]:
     """Rows of cells that differ only in their seed (so share every axis but the seed). Every method is fitted on all the
     seeds' data sets at once (vmapped, [`opl_rank.opl.learners.fit_seeds`][opl_rank.opl.learners.fit_seeds]) when
     ``sweep.vmap_seeds`` and there is more than one; a group of one uses [`fit`][opl_rank.opl.learners.fit].
 
     ``on_step(label)`` is called as each of the [`group_steps`][group_steps] steps starts, and
-    ``on_epoch(part, epoch, record)`` after every epoch of a fit (progress only)."""
+    ``on_epoch(part, epoch, record)`` after every epoch of a fit (progress only).
+
+    ``lane``: the rows are fitted in [`fit_order`][fit_order]``(rows, lane)`` and returned in
+    [`method_rows`][experiments.sweep_config.method_rows]' order. Groups running at once in one
+    process (the threads backend) take different lanes, so on an empty cache they compile
+    different methods' programs at the same time instead of waiting on each other's; a row
+    does not depend on the order (every fit's keys come from the cell's seed)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -250,9 +257,11 @@ def run_group(
         values_of(method, k, kind)
         return done[fit_key(method, k, kind)][2][s]
 
-    rows: list[list[dict[str, Any]]] = [[] for _ in group]
+    specs = method_rows(sweep, n_slots)
+    rows: list[list[dict[str, Any]]] = [[{} for _ in specs] for _ in group]  # filled in fit order, kept in row order
     candidates = candidate_ks(sweep, n_slots)
-    for method, k, kind in method_rows(sweep, n_slots):
+    for index in fit_order(len(specs), lane):
+        method, k, kind = specs[index]
         step(
             f"{method}{'' if k is None else f'(V/{k:g})' if method == 'rpod-oracle' else f'(k={k})'}"
             f"{'' if kind == '-' else '/' + kind}"
@@ -292,32 +301,30 @@ def run_group(
         for s, cell in enumerate(group):
             _, v0, v_star, star_method = truth[s]
             gap = v_star.value - v0.value
-            rows[s].append(
-                {
-                    "simulator": sweep.simulator,
-                    "logging_policy": sweep.logging_policy,
-                    "method": method,
-                    "k": k,
-                    "reward_model": kind,
-                    "lambda": cell["lam"],
-                    "n": cell["n"],
-                    "D": cell["D"],
-                    "L": cell["L"],
-                    "tau": cell["tau"],
-                    "seed": cell["seed"],
-                    **{name: cell[name] for name in axes},
-                    "V": values[s].value,
-                    "V_se": values[s].stderr,
-                    "V0": v0.value,
-                    "V_star": v_star.value,
-                    "V_star_method": star_method,
-                    "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
-                    "fit_seconds": seconds,
-                    "k_selected": chosen[s],
-                    "selector": selector,
-                    **measured[s],
-                }
-            )
+            rows[s][index] = {
+                "simulator": sweep.simulator,
+                "logging_policy": sweep.logging_policy,
+                "method": method,
+                "k": k,
+                "reward_model": kind,
+                "lambda": cell["lam"],
+                "n": cell["n"],
+                "D": cell["D"],
+                "L": cell["L"],
+                "tau": cell["tau"],
+                "seed": cell["seed"],
+                **{name: cell[name] for name in axes},
+                "V": values[s].value,
+                "V_se": values[s].stderr,
+                "V0": v0.value,
+                "V_star": v_star.value,
+                "V_star_method": star_method,
+                "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
+                "fit_seconds": seconds,
+                "k_selected": chosen[s],
+                "selector": selector,
+                **measured[s],
+            }
     return rows
 
 
@@ -365,6 +372,18 @@ def _diagnostics(env: Any, policy: Any, data: Any, method: str, k: int | None, k
         log_w = diagnostics.log_prefix_weights(log_pi, data.log_pi0_prefix, stage.n_slots)
         out["ess_fraction"] = float(diagnostics.ess_fraction(log_w))
     return out
+
+
+def fit_order(n_rows: int, lane: int) -> list[int]:
+    """The order in which [`run_group`][run_group] fits its ``n_rows`` rows: row order rotated
+    to start at the fraction ``vdc(lane)`` of the rows, the van der Corput sequence (lane 0
+    at the first row, 1 half-way, 2 a quarter in, 3 three quarters in, ...), which spreads
+    any number of lanes' starts evenly without knowing how many there are."""
+    fraction, scale, rest = 0.0, 0.5, lane
+    while rest:
+        fraction, rest, scale = fraction + scale * (rest & 1), rest >> 1, scale / 2
+    start = int(n_rows * fraction)
+    return [(start + i) % n_rows for i in range(n_rows)] if n_rows else []
 
 
 def group_steps(sweep: OPLSweep, n_slots: int) -> int:

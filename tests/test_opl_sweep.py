@@ -416,3 +416,53 @@ def test_semi_synthetic_sweep_on_the_yahoo_sample(tmp_path, capsys):
         == 2
     )
     assert "two-step reward models need logged rounds that share a context" in capsys.readouterr().err
+
+
+def test_fit_order_rotates_row_order_by_lane():
+    from experiments.sweep_cell import fit_order
+
+    assert fit_order(6, 0) == [0, 1, 2, 3, 4, 5]
+    assert fit_order(6, 1) == [3, 4, 5, 0, 1, 2]  # half-way
+    assert fit_order(8, 2) == [2, 3, 4, 5, 6, 7, 0, 1]  # a quarter in
+    assert fit_order(8, 3) == [6, 7, 0, 1, 2, 3, 4, 5]  # three quarters in
+    assert fit_order(0, 1) == []
+    for n in range(1, 12):
+        for lane in range(9):
+            assert sorted(fit_order(n, lane)) == list(range(n))
+
+
+def test_groups_running_at_once_take_different_lanes():
+    """The threads backend's groups: the smallest lane no running group holds, freed on exit."""
+    from experiments.opl_sweep import _CellGate
+
+    gate = _CellGate()
+    with gate.group() as first:
+        with gate.group() as second:
+            assert (first, second) == (0, 1)
+        with gate.group() as third:
+            assert third == 1
+    with gate.group() as again:
+        assert again == 0
+
+
+def test_a_lane_fits_in_another_order_and_returns_the_same_rows():
+    """``run_group(lane=1)`` starts its fits half-way through the rows (its steps say so) and
+    returns every row as lane 0 does, in row order."""
+    import dataclasses
+
+    from experiments.sweep_cell import run_group
+
+    sweep = dataclasses.replace(
+        OPLSweep(), n_items=(5,), ranking_length=(3,), lam=(0.5,), n=(300,), seeds=(0,), eval_contexts=500,
+        methods=("ips", "regression", "rips"), reward_models=("additive",), policy_epochs=2, reward_epochs=2,
+    )  # fmt: skip
+    cell = {"D": 5, "L": 3, "tau": 1.0, "lam": 0.5, "n": 300, "seed": 0}
+    results = {}
+    for lane in (0, 1):
+        labels = []
+        rows = run_group(sweep, [cell], on_step=labels.append, lane=lane)[0]
+        results[lane] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in rows]
+        in_rows = ["ips", "regression/additive", "rips"]
+        assert labels[2:] == (in_rows if lane == 0 else in_rows[1:] + in_rows[:1])  # lane 1: from row int(3 / 2)
+    assert [row["method"] for row in results[1]] == ["ips", "regression", "rips"]
+    assert results[1] == results[0]
