@@ -45,13 +45,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["BACKENDS", "run_jobs", "exit_with_parent", "worker_cores", "ONE_CORE_CACHE"]
+__all__ = ["BACKENDS", "run_jobs", "exit_with_parent", "worker_cores", "worker_lane", "ONE_CORE_CACHE"]
 
 BACKENDS = ("serial", "threads", "processes", "ray")
 _SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false"  # matrix products on one thread
 _PARENT_POLL_SECONDS = 0.2
 #: the folder of the compilation cache where pinned workers keep their one-core executables
 ONE_CORE_CACHE = "one-core"
+_lane = 0  # this process's index among its pool's workers (set once, as a worker starts)
+
+
+def worker_lane() -> int:
+    """This process's index among the worker processes of a ``processes`` pool (0 in any other
+    process). A sweep's cells start their fits at another row per lane
+    ([`experiments.sweep_cell.fit_order`][experiments.sweep_cell.fit_order]), so workers
+    that start on an empty cache compile different programs and share them through it."""
+    return _lane
 
 
 def _enable_compilation_cache(cache_dir: str | None, *, one_core: bool = False) -> None:
@@ -78,14 +87,18 @@ def worker_cores(n_workers: int) -> list[int] | None:
     return cores[:n_workers] if 2 <= n_workers <= len(cores) else None
 
 
-def _pin_to_a_core(cores: Any) -> bool:
-    """Take a core from the ``cores`` queue and run this process on it alone (before JAX is
-    imported: XLA reads the cores it may use once)."""
+def _take_slot(slots: Any) -> bool:
+    """Take a ``(lane, core)`` slot from the ``slots`` queue: this worker's lane, and the core it
+    runs on alone (None: unpinned), set before JAX is imported (XLA reads the cores it may use
+    once). Returns whether the process is pinned."""
     import queue
 
+    global _lane
     try:
-        core = cores.get(timeout=1.0)
-    except queue.Empty:  # more workers started than cores handed out: stay unpinned
+        _lane, core = slots.get(timeout=1.0)
+    except queue.Empty:  # more workers started than slots handed out: lane 0, unpinned
+        return False
+    if core is None:
         return False
     os.sched_setaffinity(0, {core})
     return True
@@ -105,14 +118,14 @@ def exit_with_parent(parent: int, poll_seconds: float = _PARENT_POLL_SECONDS) ->
     return thread
 
 
-def _init_worker(cache_dir: str | None, parent: int | None = None, cores: Any = None) -> None:
+def _init_worker(cache_dir: str | None, parent: int | None = None, slots: Any = None) -> None:
     if parent is not None:
         exit_with_parent(parent)
         # Ctrl-C reaches the whole process group: the parent stops the sweep (one line); a
         # worker does not print a traceback of its own, and ends with its parent.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Before JAX is imported in this fresh (spawned) interpreter.
-    one_core = cores is not None and _pin_to_a_core(cores)
+    one_core = slots is not None and _take_slot(slots)
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} {_SINGLE_THREAD_XLA}".strip()
     _enable_compilation_cache(cache_dir, one_core=one_core)
@@ -160,13 +173,11 @@ def run_jobs(
         return
     context = multiprocessing.get_context("spawn")
     cores = worker_cores(n_workers)
-    queue = None
-    if cores is not None:
-        queue = context.Queue()
-        for core in cores:
-            queue.put(core)
+    slots = context.Queue()  # (lane, core) per worker
+    for lane in range(n_workers):
+        slots.put((lane, None if cores is None else cores[lane]))
     with concurrent.futures.ProcessPoolExecutor(
-        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid(), queue)
+        n_workers, mp_context=context, initializer=_init_worker, initargs=(compilation_cache, os.getpid(), slots)
     ) as pool:
         _collect(pool, fn, jobs, on_result)
 

@@ -144,6 +144,7 @@ def _run_cells(
     """A job: run cells and write each atomically when done; cells that differ only in their
     seed run as one vmapped group (``sweep.vmap_seeds``), the others one by one. ``progress``:
     a bar over each group's steps (ground truth, data, every fit) on stderr."""
+    from experiments.executors import worker_lane
     from experiments.progress import Steps, bar
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
@@ -160,7 +161,8 @@ def _run_cells(
             steps = Steps(cell_bar)
             own = cell_config(sweep, group[0])  # its policy_epochs / reward_epochs when they are axes
             epochs = steps.epochs({"reward": own.reward_epochs, "policy": own.policy_epochs})
-            results = run_group(sweep, group, on_step=steps, on_epoch=epochs, lane=lane)
+            # a lane per group running in this process (threads) or per worker process
+            results = run_group(sweep, group, on_step=steps, on_epoch=epochs, lane=lane + worker_lane())
             steps.done()
         seconds = (time.perf_counter() - start) / len(group)
         for cell, rows in zip(group, results):

@@ -20,14 +20,14 @@ def _splits_loops() -> bool:
     return "outer_dimension_partitions" in compiled.as_text()
 
 
-def _where_am_i(_job: int) -> tuple[int, list[int], tuple[str, str | None], bool]:
+def _where_am_i(_job: int) -> tuple[int, list[int], tuple[str, str | None], bool, int]:
     import jax
 
     from opl_rank import program_cache
 
     time.sleep(0.3)  # long enough that both workers get jobs
     caches = (jax.config.jax_compilation_cache_dir, program_cache.program_cache_dir())  # type: ignore[attr-defined]
-    return os.getpid(), sorted(os.sched_getaffinity(0)), caches, _splits_loops()
+    return os.getpid(), sorted(os.sched_getaffinity(0)), caches, _splits_loops(), executors.worker_lane()
 
 
 def test_worker_cores_are_distinct_cores_this_process_may_use():
@@ -46,7 +46,7 @@ def test_worker_cores_are_distinct_cores_this_process_may_use():
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="pinning needs os.sched_setaffinity (Linux)")
 def test_process_workers_each_compile_for_a_core_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv("OPL_RANK_PROGRAM_CACHE", "1")  # the suite turns it off; workers inherit this
-    results: list[tuple[int, list[int], tuple[str, str | None], bool]] = []
+    results: list[tuple[int, list[int], tuple[str, str | None], bool, int]] = []
     executors.run_jobs(
         _where_am_i,
         [(i,) for i in range(6)],
@@ -55,7 +55,9 @@ def test_process_workers_each_compile_for_a_core_of_their_own(tmp_path, monkeypa
         workers=2,
         compilation_cache=str(tmp_path / "jax"),
     )
-    by_worker = {pid: (cores, cache, splits) for pid, cores, cache, splits in results}
+    by_worker = {pid: (cores, cache, splits) for pid, cores, cache, splits, _ in results}
+    lanes = {pid: lane for pid, *_, lane in results}
+    assert sorted(lanes.values()) == list(range(len(lanes)))  # a lane each (fit_order), from 0
     if executors.worker_cores(2) is None:  # a one-core machine: workers stay as they were
         assert all(cores == sorted(os.sched_getaffinity(0)) for cores, _, _ in by_worker.values())
         return
