@@ -79,17 +79,17 @@ def row_columns(sweep: OPLSweep) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=128)
-def _environment(
+def _cell_environment(
     sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int, options: tuple = ()
-) -> tuple:
-    """The cell's environment (from the registry, with the cell's simulator ``options``) and
-    its ground truth V(pi_0), V* (shared by every n)."""
+) -> Any:
+    """The cell's environment (from the registry, with the cell's simulator ``options``; shared
+    by every n)."""
     from opl_rank import prng
     from simulators import environments
     from simulators.logging_policies import CallableLogging
 
     spec = environments.get(sweep.simulator)
-    k_env, _, k_eval, _ = prng.split_seed(seed, 4)
+    k_env = prng.split_seed(seed, 4)[0]
     logging_policy: Any = sweep.logging_policy  # a built-in name, else a user's module:function
     if logging_policy not in spec.logging_policies:
         fn = load_callable(sweep.logging_policy, what="logging_policy")
@@ -105,6 +105,19 @@ def _environment(
         config=sweep,
         options=dict(options),
     )
+    return env
+
+
+@functools.lru_cache(maxsize=128)
+def _environment(
+    sweep: OPLSweep, n_items: int, ranking_length: int, tau: float, lam: float, seed: int, options: tuple = ()
+) -> tuple:
+    """The cell's environment ([`_cell_environment`][_cell_environment]) and its ground truth
+    ``(env, V(pi_0), V*, V*'s method)`` (shared by every n)."""
+    from opl_rank import prng
+
+    env = _cell_environment(sweep, n_items, ranking_length, tau, lam, seed, options)
+    k_eval = prng.split_seed(seed, 4)[2]
     v0 = env.logging_policy_value(k_eval, sweep.eval_contexts)
     v_star, star_method = env.optimal_value(k_eval, sweep.eval_contexts)
     return env, v0, v_star, star_method
@@ -126,10 +139,12 @@ def run_group(
     ``on_epoch(part, epoch, record)`` after every epoch of a fit (progress only).
 
     ``lane``: the rows are fitted in [`fit_order`][fit_order]``(rows, lane)`` and returned in
-    [`method_rows`][experiments.sweep_config.method_rows]' order. Groups running at once in one
-    process (the threads backend) take different lanes, so on an empty cache they compile
-    different methods' programs at the same time instead of waiting on each other's; a row
-    does not depend on the order (every fit's keys come from the cell's seed)."""
+    [`method_rows`][experiments.sweep_config.method_rows]' order; lanes other than 0 compute
+    the ground truth last instead of first. Groups running at once in one process (the threads
+    backend) and worker processes take different lanes, so on an empty cache they compile
+    different programs at the same time instead of waiting on each other's (or, in processes,
+    compiling the same ones twice); a row does not depend on the order (every fit's and the
+    ground truth's keys come from the cell's seed)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -156,15 +171,24 @@ def run_group(
     k_eval = [k[2] for k in keys]
     k_fit = jnp.stack([k[3] for k in keys])
     step = on_step or (lambda label: None)
-    step("ground truth V(pi_0), V*")
-    truth = [_environment(sweep, c["D"], c["L"], c["tau"], c["lam"], c["seed"], options) for c in group]
+    cells = [(c["D"], c["L"], c["tau"], c["lam"], c["seed"], options) for c in group]
+
+    def ground_truth() -> list[tuple]:
+        step("ground truth V(pi_0), V*")
+        return [_environment(sweep, *cell) for cell in cells]
+
+    # Lane 0 starts with the ground truth; another lane leaves it for last, so on an empty
+    # cache it compiles the logging and fitting programs meanwhile instead of waiting for
+    # lane 0's ground-truth programs (`fit_order`).
+    truth = ground_truth() if lane == 0 else None
     step(f"logging {group[0]['n']} rounds")
+    envs = [_cell_environment(sweep, *cell) for cell in cells]
     need_marginals = any(needs_position_marginals(m) for m in sweep.methods if m not in SELECTION_METHODS)
     # aips needs the logging policy's logits for non-prefix behaviours: only asked where it is run
     extra = {"logging_logits": True} if "aips" in sweep.methods else {}
     datas = [
         env.sample_logged_data(k[1], c["n"], position_marginals="exact" if need_marginals else "none", **extra)
-        for (env, *_), k, c in zip(truth, keys, group)
+        for env, k, c in zip(envs, keys, group)
     ]
     n_slots = group[0]["L"]
     train = TrainConfig(
@@ -183,7 +207,7 @@ def run_group(
     )
     together = len(group) > 1
 
-    item_feature_dim = getattr(truth[0][0], "n_features", None) or None  # semi-synthetic: score items by features
+    item_feature_dim = getattr(envs[0], "n_features", None) or None  # semi-synthetic: score items by features
 
     def config(method, k, kind):
         return LearnerConfig(
@@ -220,11 +244,11 @@ def run_group(
                 policies = fit_seeds(datas, k_fit, config(*key), on_epoch=on_epoch, reward_params=reward_params)
             else:
                 policies = [fit(datas[0], k_fit[0], config(*key), on_epoch=on_epoch, reward_params=reward_params)]
-            values = [env.policy_value(p, ke, sweep.eval_contexts) for p, (env, *_), ke in zip(policies, truth, k_eval)]
+            values = [env.policy_value(p, ke, sweep.eval_contexts) for p, env, ke in zip(policies, envs, k_eval)]
             seconds = reward_seconds + (time.perf_counter() - start) / len(group)
             measured = [
                 _diagnostics(env, p, d, key[0], n_slots if key[0] == "dr" else key[1], ke) if sweep.diagnostics else {}
-                for p, (env, *_), d, ke in zip(policies, truth, datas, k_eval)
+                for p, env, d, ke in zip(policies, envs, datas, k_eval)
             ]
             done[key] = (values, seconds, measured)
         return done[key][:2]
@@ -258,7 +282,7 @@ def run_group(
         return done[fit_key(method, k, kind)][2][s]
 
     specs = method_rows(sweep, n_slots)
-    rows: list[list[dict[str, Any]]] = [[{} for _ in specs] for _ in group]  # filled in fit order, kept in row order
+    fitted: dict[int, tuple] = {}  # row index -> what its fit gave, filled in fit order
     candidates = candidate_ks(sweep, n_slots)
     for index in fit_order(len(specs), lane):
         method, k, kind = specs[index]
@@ -298,33 +322,41 @@ def run_group(
         else:
             values, seconds = values_of(method, k, kind)
             measured = [diagnosed(method, k, kind, s) for s in range(len(group))]
+        fitted[index] = (method, k, kind, values, seconds, chosen, selector, measured)
+    if truth is None:
+        truth = ground_truth()
+    rows: list[list[dict[str, Any]]] = [[] for _ in group]
+    for index in range(len(specs)):  # row order
+        method, k, kind, values, seconds, chosen, selector, measured = fitted[index]
         for s, cell in enumerate(group):
             _, v0, v_star, star_method = truth[s]
             gap = v_star.value - v0.value
-            rows[s][index] = {
-                "simulator": sweep.simulator,
-                "logging_policy": sweep.logging_policy,
-                "method": method,
-                "k": k,
-                "reward_model": kind,
-                "lambda": cell["lam"],
-                "n": cell["n"],
-                "D": cell["D"],
-                "L": cell["L"],
-                "tau": cell["tau"],
-                "seed": cell["seed"],
-                **{name: cell[name] for name in axes},
-                "V": values[s].value,
-                "V_se": values[s].stderr,
-                "V0": v0.value,
-                "V_star": v_star.value,
-                "V_star_method": star_method,
-                "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
-                "fit_seconds": seconds,
-                "k_selected": chosen[s],
-                "selector": selector,
-                **measured[s],
-            }
+            rows[s].append(
+                {
+                    "simulator": sweep.simulator,
+                    "logging_policy": sweep.logging_policy,
+                    "method": method,
+                    "k": k,
+                    "reward_model": kind,
+                    "lambda": cell["lam"],
+                    "n": cell["n"],
+                    "D": cell["D"],
+                    "L": cell["L"],
+                    "tau": cell["tau"],
+                    "seed": cell["seed"],
+                    **{name: cell[name] for name in axes},
+                    "V": values[s].value,
+                    "V_se": values[s].stderr,
+                    "V0": v0.value,
+                    "V_star": v_star.value,
+                    "V_star_method": star_method,
+                    "normalized_gain": (values[s].value - v0.value) / gap if gap > 0 else math.nan,
+                    "fit_seconds": seconds,
+                    "k_selected": chosen[s],
+                    "selector": selector,
+                    **measured[s],
+                }
+            )
     return rows
 
 

@@ -446,8 +446,8 @@ def test_groups_running_at_once_take_different_lanes():
 
 
 def test_a_lane_fits_in_another_order_and_returns_the_same_rows():
-    """``run_group(lane=1)`` starts its fits half-way through the rows (its steps say so) and
-    returns every row as lane 0 does, in row order."""
+    """``run_group(lane=1)`` starts its fits half-way through the rows and leaves the ground
+    truth for last (its steps say so), and returns every row as lane 0 does, in row order."""
     import dataclasses
 
     from experiments.sweep_cell import run_group
@@ -462,7 +462,11 @@ def test_a_lane_fits_in_another_order_and_returns_the_same_rows():
         labels = []
         rows = run_group(sweep, [cell], on_step=labels.append, lane=lane)[0]
         results[lane] = [{k: v for k, v in row.items() if k != "fit_seconds"} for row in rows]
-        in_rows = ["ips", "regression/additive", "rips"]
-        assert labels[2:] == (in_rows if lane == 0 else in_rows[1:] + in_rows[:1])  # lane 1: from row int(3 / 2)
+        fits = ["ips", "regression/additive", "rips"]
+        truth, logging = "ground truth V(pi_0), V*", "logging 300 rounds"
+        if lane == 0:
+            assert labels == [truth, logging, *fits]
+        else:  # from row int(3 / 2), the ground truth last
+            assert labels == [logging, *fits[1:], *fits[:1], truth]
     assert [row["method"] for row in results[1]] == ["ips", "regression", "rips"]
     assert results[1] == results[0]
