@@ -295,11 +295,11 @@ def run_group(
         selector = ""
         if method == "rpod-ope":
             select_keys = jnp.stack([jax.random.fold_in(kf, 1) for kf in k_fit])
-            options = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
+            selection = dict(ks=candidates, estimator=sweep.ope_estimator, holdout_fraction=sweep.ope_holdout)
             selector = f"ope:{sweep.ope_estimator}"
             for s, (d, key) in enumerate(zip(datas, select_keys)):
                 try:
-                    chosen[s] = select_k(d, key, config("rpod", 0, kind), **options).k
+                    chosen[s] = select_k(d, key, config("rpod", 0, kind), **selection).k
                 except ValueError as err:  # no candidate k is estimable on the hold-out: a row that says so
                     if "estimable" not in str(err):
                         raise
