@@ -411,6 +411,8 @@ def fit_order(n_rows: int, lane: int) -> list[int]:
     to start at the fraction ``vdc(lane)`` of the rows, the van der Corput sequence (lane 0
     at the first row, 1 half-way, 2 a quarter in, 3 three quarters in, ...), which spreads
     any number of lanes' starts evenly without knowing how many there are."""
+    if isinstance(lane, bool) or not isinstance(lane, int) or lane < 0:
+        raise ValueError(f"lane must be an int >= 0, got {lane!r}")  # a negative lane never shifts to 0
     fraction, scale, rest = 0.0, 0.5, lane
     while rest:
         fraction, rest, scale = fraction + scale * (rest & 1), rest >> 1, scale / 2

@@ -429,6 +429,9 @@ def test_fit_order_rotates_row_order_by_lane():
     for n in range(1, 12):
         for lane in range(9):
             assert sorted(fit_order(n, lane)) == list(range(n))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="lane must be an int >= 0"):
+            fit_order(6, bad)
 
 
 def test_groups_running_at_once_take_different_lanes():
